@@ -1,0 +1,31 @@
+# Two entry points for a fresh clone: `make consume` and `make test`.
+# Everything else (a virtualenv, the packages, the local servers) is set up on the way.
+VENV ?= .venv
+BIN := $(VENV)/bin
+PYTHON ?= python3
+
+.PHONY: consume test lint services clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+services: $(BIN)/.installed
+	$(BIN)/python -m tests.servers
+
+consume: services
+	$(BIN)/semel migrate
+	$(BIN)/semel consume
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint services
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) .cache .mypy_cache .ruff_cache .pytest_cache semel.db*

@@ -1,0 +1,80 @@
+"""Every name semel puts on the broker, defined once.
+
+Queue and exchange names derive from ``SEMEL_QUEUE``; header names are the
+DLQ contract of DESIGN.md that operators and tooling read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+# Headers semel writes. Attempts are counted here, never in x-death.
+H_ATTEMPTS = "x-semel-attempts"
+H_REASON = "x-semel-reason"
+H_ERROR = "x-semel-error"
+H_KEY = "x-semel-key"
+H_ORIGINAL_EXCHANGE = "x-semel-original-exchange"
+H_ORIGINAL_ROUTING_KEY = "x-semel-original-routing-key"
+H_FIRST_SEEN = "x-semel-first-seen"
+H_DEAD_LETTERED_AT = "x-semel-dead-lettered-at"
+SEMEL_HEADER_PREFIX = "x-semel-"
+# Broker-written headers that must never be copied onto a re-published message.
+BROKER_HEADERS = (
+    "x-death",
+    "x-first-death-exchange",
+    "x-first-death-queue",
+    "x-first-death-reason",
+    "x-last-death-exchange",
+    "x-last-death-queue",
+    "x-last-death-reason",
+    "x-delivery-count",
+)
+
+ERROR_HEADER_LIMIT = 1024  # bytes of exception text kept in x-semel-error
+
+
+class Reason(StrEnum):
+    """Why a message reached the DLQ (the ``x-semel-reason`` header)."""
+
+    MALFORMED_BODY = "malformed-body"
+    TOO_LARGE = "too-large"
+    MISSING_KEY = "missing-key"
+    INVALID_KEY = "invalid-key"
+    PAYLOAD_MISMATCH = "payload-mismatch"
+    MAX_ATTEMPTS = "max-attempts"
+    PERMANENT_ERROR = "permanent-error"
+    POISON = "poison"
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """The names derived from the work queue ``Q``."""
+
+    queue: str
+
+    @property
+    def retry_exchange(self) -> str:
+        return f"{self.queue}.retry"
+
+    @property
+    def conflict_queue(self) -> str:
+        return f"{self.queue}.retry.conflict"
+
+    @property
+    def conflict_routing_key(self) -> str:
+        return "conflict"
+
+    def tier_queue(self, seconds: float) -> str:
+        return f"{self.queue}.retry.{seconds:g}s"
+
+    def tier_routing_key(self, seconds: float) -> str:
+        return f"{seconds:g}s"
+
+    @property
+    def dead_letter_exchange(self) -> str:
+        return f"{self.queue}.dlx"
+
+    @property
+    def dead_letter_queue(self) -> str:
+        return f"{self.queue}.dlq"

@@ -1,0 +1,176 @@
+"""Every ``SEMEL_*`` setting as one pydantic-settings model.
+
+One field, one environment variable. Fallback variables that platforms set
+(``DATABASE_URL``, ``REDIS_URL``, ``AMQP_URL``, ``CLOUDAMQP_URL``,
+``AWS_ENDPOINT_URL_DYNAMODB``) are read through validation aliases, so the
+``SEMEL_`` name always wins when both are present.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+from urllib.parse import urlsplit
+
+from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+PREFIX = "SEMEL_"
+
+
+class StoreKind(StrEnum):
+    """The idempotency store backends."""
+
+    SQLITE = "sqlite"
+    POSTGRES = "postgres"
+    REDIS = "redis"
+    DYNAMODB = "dynamodb"
+
+
+class QueueType(StrEnum):
+    QUORUM = "quorum"
+    CLASSIC = "classic"
+
+
+class LogFormat(StrEnum):
+    CONSOLE = "console"
+    JSON = "json"
+
+
+def _env(name: str, *fallbacks: str) -> AliasChoices:
+    return AliasChoices(PREFIX + name, *fallbacks)
+
+
+def _check_url(value: str, schemes: tuple[str, ...]) -> str:
+    # Never echo the value: a URL may carry a password.
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise ValueError("not a parsable URL") from None
+    if parts.scheme not in schemes:
+        raise ValueError("scheme must be one of " + ", ".join(f"{s}://" for s in schemes))
+    if not parts.hostname and parts.scheme not in ("postgresql", "postgres", "unix"):
+        raise ValueError("URL has no host")
+    return value
+
+
+Seconds = Annotated[float, Field(gt=0)]
+
+
+class Settings(BaseSettings):
+    """semel's whole configuration, read from the environment."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=PREFIX,
+        case_sensitive=False,
+        extra="ignore",
+        populate_by_name=True,
+        hide_input_in_errors=True,
+    )
+
+    store: StoreKind = StoreKind.SQLITE
+    amqp_url: str = Field(
+        "amqp://guest:guest@localhost:5672/",
+        validation_alias=_env("AMQP_URL", "AMQP_URL", "CLOUDAMQP_URL"),
+    )
+    postgres_dsn: str = Field(
+        "postgresql://localhost/postgres",
+        validation_alias=_env("POSTGRES_DSN", "DATABASE_URL"),
+    )
+    redis_url: str = Field(
+        "redis://localhost:6379/0", validation_alias=_env("REDIS_URL", "REDIS_URL")
+    )
+    postgres_table: str = Field("semel_keys", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+    dynamodb_table: str = Field("semel_keys", pattern=r"^[A-Za-z0-9_.-]{3,255}$")
+    dynamodb_endpoint_url: str | None = Field(
+        None,
+        validation_alias=_env("DYNAMODB_ENDPOINT_URL", "AWS_ENDPOINT_URL_DYNAMODB"),
+    )
+    dynamodb_region: str = Field(
+        "us-east-1", validation_alias=_env("DYNAMODB_REGION", "AWS_REGION", "AWS_DEFAULT_REGION")
+    )
+    sqlite_path: str = "./semel.db"
+    handler: str = Field("consumer.examples:order_paid", pattern=r"^[\w.]+:[\w.]+$")
+    exchange: str = Field("semel.events", min_length=1, max_length=200)
+    queue: str = Field("semel.work", min_length=1, max_length=200)
+    binding_keys: Annotated[list[str], NoDecode] = ["#"]
+    queue_type: QueueType = QueueType.QUORUM
+    key_source: str = Field("header:Idempotency-Key", pattern=r"^(header:.+|message_id|body:.+)$")
+    key_prefix: str = Field("semel", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    max_body_bytes: int = Field(1_048_576, gt=0)
+    prefetch: int = Field(256, ge=1, le=65535)
+    lock_ttl: Seconds = 30.0
+    retention: Seconds = 86_400.0
+    retry_delays: Annotated[list[float], NoDecode] = [1.0, 5.0, 30.0, 120.0]
+    max_attempts: int = Field(5, ge=1)
+    conflict_delay: Seconds = 5.0
+    max_claims: int = Field(10, ge=1)
+    handler_timeout: Seconds = 300.0
+    shutdown_grace: Seconds = 30.0
+    broker_give_up: Seconds = 300.0
+    metrics_port: int = Field(9464, ge=0, le=65535)
+    log_format: LogFormat = LogFormat.CONSOLE
+
+    @field_validator("binding_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            keys = [k.strip() for k in value.split(",") if k.strip()]
+            if not keys:
+                raise ValueError("needs at least one routing key")
+            return keys
+        return value
+
+    @field_validator("retry_delays", mode="before")
+    @classmethod
+    def _split_delays(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                delays = [float(d) for d in value.split(",") if d.strip()]
+            except ValueError:
+                raise ValueError("must be comma-separated seconds, e.g. 1,5,30") from None
+            return delays
+        return value
+
+    @field_validator("retry_delays")
+    @classmethod
+    def _positive_delays(cls, value: list[float]) -> list[float]:
+        if not value or any(d <= 0 for d in value):
+            raise ValueError("needs one or more delays, each greater than 0")
+        return value
+
+    @field_validator("amqp_url")
+    @classmethod
+    def _amqp(cls, value: str) -> str:
+        return _check_url(value, ("amqp", "amqps"))
+
+    @field_validator("postgres_dsn")
+    @classmethod
+    def _postgres(cls, value: str) -> str:
+        return _check_url(value, ("postgresql", "postgres"))
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis(cls, value: str) -> str:
+        return _check_url(value, ("redis", "rediss", "unix"))
+
+    @field_validator("dynamodb_endpoint_url")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        return None if not value else _check_url(value, ("http", "https"))
+
+    @model_validator(mode="after")
+    def _retention_covers_retries(self) -> Settings:
+        # A completed key must outlive every redelivery that can still arrive:
+        # the longest path is all retry tiers back to back.
+        if self.retention < sum(self.retry_delays):
+            raise ValueError(
+                f"{PREFIX}RETENTION: {self.retention:g}s is shorter than the sum of "
+                f"{PREFIX}RETRY_DELAYS ({sum(self.retry_delays):g}s)"
+            )
+        return self
+
+    def retry_delay(self, attempt: int) -> float:
+        """The wait before attempt ``attempt + 1``; the last tier repeats."""
+        return self.retry_delays[min(attempt, len(self.retry_delays)) - 1]

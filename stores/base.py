@@ -1,0 +1,159 @@
+"""The store contract: what every idempotency backend promises.
+
+The state machine of one key, shared by every backend::
+
+    (absent) --claim--> in_progress(fence=1, claims=1)
+    in_progress --complete(fence)--> completed      (result kept for retention)
+    in_progress --fail(fence)------> failed         (terminal, remembered)
+    in_progress --release(fence)---> in_progress with an expired lease
+    in_progress, lease expired --claim--> in_progress(fence+1, claims+1)
+    in_progress, lease expired, claims >= max_claims --claim--> failed("poison")
+    completed/failed past retention  --claim--> as if absent, fence still grows
+                                                where the record still exists
+
+A claim is decided by the store in ONE atomic step against the store's own
+clock where it has one, and it returns the record it claimed or collided with,
+so the caller never needs a second read. Every write after a claim names the
+fence it was granted; a write whose fence is no longer the owner's changes
+nothing and returns ``False``.
+
+"Expired" is derived from timestamps at decision time, never stored.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+JSON = Any
+"""A JSON-serialisable value (dict, list, str, int, float, bool or None)."""
+
+POISON_ERROR = "poison: claimed too many times without completing"
+
+
+class Status(StrEnum):
+    """What is stored for a key."""
+
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class Outcome(StrEnum):
+    """What a claim attempt decided."""
+
+    CLAIMED = "claimed"  # the caller owns the key now, under record.fence
+    DUPLICATE = "duplicate"  # completed before; record.result is the stored result
+    IN_PROGRESS = "in_progress"  # a live lease is held; record.lease_expires_at says until when
+    MISMATCH = "mismatch"  # same key, different fingerprint; nothing written
+    POISON = "poison"  # too many claims without completion; the key is now failed
+    FAILED = "failed"  # failed terminally before; nothing written
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One key's stored state, as a backend read or wrote it."""
+
+    key: str
+    fingerprint: str
+    status: Status
+    fence: int
+    claims: int
+    lease_expires_at: datetime | None
+    result: JSON = None
+    error: str | None = None
+    first_seen: datetime | None = None
+    updated_at: datetime | None = None
+    expires_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The answer to :meth:`Store.claim`: the decision and the record behind it."""
+
+    outcome: Outcome
+    record: Record
+
+    @property
+    def fence(self) -> int:
+        return self.record.fence
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """Backend-independent knobs, all in seconds."""
+
+    lock_ttl: float = 30.0
+    retention: float = 86_400.0
+    max_claims: int = 10
+    key_prefix: str = "semel"
+
+    def namespaced(self, key: str) -> str:
+        """The key as stored: prefixed so services sharing one store never collide."""
+        return f"{self.key_prefix}:{key}"
+
+
+class Store(abc.ABC):
+    """An idempotency store. Subclasses translate the contract into one backend.
+
+    Every method raises :class:`stores.errors.StoreUnavailable` when the
+    backend cannot be reached, and nothing else for infrastructure trouble.
+    """
+
+    backend: str = "abstract"
+
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
+
+    @abc.abstractmethod
+    async def claim(self, key: str, fingerprint: str) -> Claim:
+        """Try to take ``key`` for this worker in one atomic step."""
+
+    @abc.abstractmethod
+    async def complete(self, key: str, fence: int, result: JSON) -> bool:
+        """Mark the key completed with ``result``; ``False`` if ``fence`` lost the key.
+
+        Raises :class:`stores.errors.ResultTooLarge` when the backend cannot
+        hold ``result``; the key is then left as it was.
+        """
+
+    @abc.abstractmethod
+    async def release(self, key: str, fence: int) -> bool:
+        """Give the claim up so the next claim gets in at once (lease expired)."""
+
+    @abc.abstractmethod
+    async def fail(self, key: str, fence: int, error: str) -> bool:
+        """Mark the key failed terminally, remembered for the retention period."""
+
+    @abc.abstractmethod
+    async def heartbeat(self, key: str, fence: int) -> bool:
+        """Extend the lease by ``lock_ttl`` from now; ``False`` if taken over."""
+
+    @abc.abstractmethod
+    async def get(self, key: str) -> Record | None:
+        """The key's record, or ``None`` when absent or past retention."""
+
+    @abc.abstractmethod
+    async def reset(self, key: str) -> bool:
+        """Forget the key's outcome so it runs again (DLQ replay).
+
+        The fence is kept where the backend can keep it, so fences stay
+        monotonic for downstream systems. ``False`` when the key is absent.
+        """
+
+    @abc.abstractmethod
+    async def migrate(self) -> list[str]:
+        """Create table / index / TTL settings; safe to run twice.
+
+        Returns warnings for the operator (e.g. a server without a TTL API).
+        """
+
+    @abc.abstractmethod
+    async def ping(self) -> None:
+        """Raise :class:`stores.errors.StoreUnavailable` unless the backend answers."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections; the container calls it at shutdown."""

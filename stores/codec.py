@@ -1,0 +1,37 @@
+"""How results and timestamps are written, shared by the backends."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import orjson
+
+from settings import Settings
+from stores.base import JSON, StoreConfig
+from stores.errors import ResultTooLarge
+
+
+def dump_result(result: JSON, limit: int | None = None) -> bytes:
+    """Encode a handler's result; refuse it whole rather than truncate it."""
+    data = orjson.dumps(result)
+    if limit is not None and len(data) > limit:
+        raise ResultTooLarge(len(data), limit)
+    return data
+
+
+def load_result(data: bytes | str | None) -> JSON:
+    return None if data is None else orjson.loads(data)
+
+
+def from_epoch_ms(ms: int | float | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def store_config(settings: Settings) -> StoreConfig:
+    """The backend-independent part of the settings."""
+    return StoreConfig(
+        lock_ttl=settings.lock_ttl,
+        retention=settings.retention,
+        max_claims=settings.max_claims,
+        key_prefix=settings.key_prefix,
+    )

@@ -1,0 +1,147 @@
+"""Real servers for the tests: start what is not running, on loopback only.
+
+PostgreSQL, Redis and RabbitMQ are system services on the test machine; they
+are started with their usual commands when their port is closed. The two
+DynamoDB-compatible servers (moto's server mode and dynalite) are child
+processes of the test session on free ports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".cache"
+DYNALITE_VERSION = "4.0.0"
+
+SYSTEM_SERVICES: dict[str, tuple[int, str]] = {
+    "postgres": (
+        5432,
+        "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
+    ),
+    "redis": (
+        6379,
+        'redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" '
+        "--appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log",
+    ),
+    "rabbitmq": (5672, "rabbitmq-server -detached"),
+}
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with contextlib.closing(socket.socket()) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def wait_for_port(port: int, deadline: float, host: str = "127.0.0.1") -> None:
+    end = time.monotonic() + deadline
+    while not port_open(port, host):
+        if time.monotonic() > end:
+            raise RuntimeError(f"nothing listens on {host}:{port} after {deadline:g}s")
+        time.sleep(0.1)
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def ensure_service(name: str, deadline: float = 90.0) -> None:
+    """Start a system service with its usual command unless it already listens."""
+    port, command = SYSTEM_SERVICES[name]
+    if port_open(port):
+        return
+    subprocess.run(command, shell=True, check=False)  # noqa: S602 - fixed command
+    wait_for_port(port, deadline)
+    if name == "rabbitmq":
+        # The port opens before the vhost is ready; wait for the app itself.
+        subprocess.run(["rabbitmqctl", "await_startup"], check=False, timeout=deadline)
+
+
+@contextlib.contextmanager
+def _child(argv: list[str], port: int, log_name: str) -> Iterator[str]:
+    CACHE.mkdir(exist_ok=True)
+    with (CACHE / log_name).open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=CACHE)
+    try:
+        wait_for_port(port, 60.0)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextlib.contextmanager
+def moto_server() -> Iterator[str]:
+    """moto's server mode: a full DynamoDB API, TTL included."""
+    port = free_port()
+    argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    with _child(argv, port, "moto.log") as url:
+        yield url
+
+
+def dynalite_bin() -> Path:
+    """Install dynalite from npm into .cache once; return its launcher."""
+    prefix = CACHE / "dynalite"
+    launcher = prefix / "node_modules" / ".bin" / "dynalite"
+    if not launcher.exists():
+        npm = shutil.which("npm")
+        if npm is None:
+            raise RuntimeError("npm is needed to run dynalite")
+        prefix.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [
+                npm,
+                "install",
+                "--prefix",
+                str(prefix),
+                "--no-save",
+                "--no-package-lock",
+                "--no-audit",
+                "--no-fund",
+                "--loglevel=error",
+                f"dynalite@{DYNALITE_VERSION}",
+            ],
+            check=True,
+            timeout=300,
+        )
+    return launcher
+
+
+@contextlib.contextmanager
+def dynalite_server() -> Iterator[str]:
+    """dynalite: an independent DynamoDB implementation, in memory, with no TTL API."""
+    port = free_port()
+    with _child([str(dynalite_bin()), "--port", str(port)], port, "dynalite.log") as url:
+        yield url
+
+
+def aws_test_credentials() -> None:
+    """Local servers accept any credentials; never let a test reach real AWS."""
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        os.environ.setdefault(name, value)
+
+
+if __name__ == "__main__":
+    # `python -m tests.servers`: start the system services the suite needs.
+    for service in SYSTEM_SERVICES:
+        ensure_service(service)
+        print(f"{service}: up")

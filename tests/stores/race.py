@@ -1,0 +1,54 @@
+"""Many claimers of the same keys at once, spread over several OS processes."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+from multiprocessing.synchronize import Barrier
+
+from settings import Settings
+from tests.conftest import open_store
+
+Outcomes = dict[str, list[tuple[str, int]]]
+
+
+async def _claim_all(settings: Settings, keys: list[str], claimers: int, go: Barrier) -> Outcomes:
+    store = await open_store(settings)
+    try:
+        # Every process has its connections open before anyone claims.
+        await asyncio.to_thread(go.wait, 60)
+        tasks = {
+            key: [asyncio.create_task(store.claim(key, "f" * 64)) for _ in range(claimers)]
+            for key in keys
+        }
+        return {
+            key: [(str(c.outcome), c.fence) for c in await asyncio.gather(*ts)]
+            for key, ts in tasks.items()
+        }
+    finally:
+        await store.close()
+
+
+def _worker(settings_json: str, keys: list[str], claimers: int, go: Barrier, out: mp.Queue) -> None:  # type: ignore[type-arg]
+    settings = Settings.model_validate_json(settings_json)
+    out.put(asyncio.run(_claim_all(settings, keys, claimers, go)))
+
+
+def race_claims(settings: Settings, keys: list[str], processes: int, claimers: int) -> Outcomes:
+    """Start ``processes`` processes of ``claimers`` claimers each per key, released together."""
+    ctx = mp.get_context("spawn")
+    go = ctx.Barrier(processes)
+    out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+    procs = [
+        ctx.Process(target=_worker, args=(settings.model_dump_json(), keys, claimers, go, out))
+        for _ in range(processes)
+    ]
+    for proc in procs:
+        proc.start()
+    merged: Outcomes = {key: [] for key in keys}
+    for _ in procs:
+        for key, results in out.get(timeout=60).items():
+            merged[key].extend(results)
+    for proc in procs:
+        proc.join(10)
+    return merged
