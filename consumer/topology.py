@@ -24,7 +24,7 @@ DEFAULT_EXCHANGE = ""
 DLQ_ROUTING_KEY = "dlq"
 
 
-class TopologyMismatch(Exception):  # noqa: N818 - a state, like StoreUnavailable
+class TopologyMismatch(Exception):
     """A queue or exchange exists with other arguments than semel declares."""
 
 
