@@ -93,3 +93,7 @@ def main() -> None:
     except ConfigError as exc:  # raised while building the container, outside run_with_store
         typer.echo(f"semel: error: {redact(str(exc))}", err=True)
         sys.exit(EXIT_USAGE)
+
+
+if __name__ == "__main__":
+    main()
