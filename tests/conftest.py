@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -110,3 +111,15 @@ async def make_store(make_settings: SettingsFactory) -> AsyncIterator[StoreFacto
     yield factory
     for store in opened:
         await store.close()
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that makes a child process load exactly ``settings``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SEMEL_")}
+    for field, value in settings.model_dump(mode="json").items():
+        if value is None:
+            continue
+        if isinstance(value, list):
+            value = ",".join(str(v) for v in value)
+        env[f"SEMEL_{field.upper()}"] = str(value)
+    return env

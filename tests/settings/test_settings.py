@@ -182,5 +182,5 @@ def test_redact_leaves_plain_text() -> None:
 
 
 def test_settings_construct_from_field_names() -> None:
-    s = Settings(store="redis", redis_url="redis://localhost:6380/2")  # type: ignore[arg-type]
+    s = Settings(store=StoreKind.REDIS, redis_url="redis://localhost:6380/2")
     assert s.store is StoreKind.REDIS
