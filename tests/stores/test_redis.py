@@ -1,0 +1,217 @@
+"""Redis-specific promises the shared contract cannot see: round trips, TTLs, key layout."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from stores.base import Outcome, Store
+from stores.errors import StoreUnavailable
+from stores.redis import COMMAND_TIMEOUT, NO_PERSISTENCE
+from tests.conftest import SettingsFactory, StoreFactory, open_store
+from tests.servers import free_port, wait_for_port
+
+pytestmark = pytest.mark.timeout(60)
+
+FP = "f" * 64
+OTHER_FP = "0" * 64
+
+
+@pytest.fixture
+def backend() -> str:
+    return "redis"
+
+
+@pytest.fixture
+async def server(redis_server: str) -> AsyncIterator[Redis]:
+    """A plain client on the test server, to look behind the store's back."""
+    client = Redis.from_url(redis_server)
+    yield client
+    await client.aclose()
+
+
+async def _commands_sent(server: Redis, store: Store, prefix: str) -> list[str]:
+    """Every command the store's connection sent between two PINGs, per MONITOR.
+
+    Commands run inside a script are reported as coming from ``lua`` and are
+    not round trips, so only the client's own lines count. Other clients of
+    the server may show up too; the store's port is the one naming ``prefix``.
+    """
+    lines: list[tuple[str, str]] = []
+    port = None
+    async with server.monitor() as monitor:
+        await store.ping()
+        await _claims(store)
+        await store.ping()
+        while port is None or lines[-1] != (port, "PING"):
+            line = await monitor.next_command()
+            if line["client_type"] != "lua":
+                lines.append((line["client_port"], line["command"]))
+                if port is None and prefix in line["command"]:
+                    port = line["client_port"]
+    own = [command for client, command in lines if client == port]
+    assert own[0] == "PING"
+    return own[1:-1]
+
+
+async def _claims(store: Store, rt: str = "rt", done: str = "done") -> None:
+    """One claim of each outcome."""
+    first = await store.claim(rt, FP)
+    assert first.outcome is Outcome.CLAIMED
+    assert (await store.claim(rt, FP)).outcome is Outcome.IN_PROGRESS
+    assert (await store.claim(rt, OTHER_FP)).outcome is Outcome.MISMATCH
+    await store.release(rt, first.fence)
+    second = await store.claim(rt, FP)
+    assert second.outcome is Outcome.CLAIMED
+    await store.release(rt, second.fence)
+    assert (await store.claim(rt, FP)).outcome is Outcome.POISON
+    assert (await store.claim(rt, FP)).outcome is Outcome.FAILED
+    third = await store.claim(done, FP)
+    await store.complete(done, third.fence, {"ok": True})
+    assert (await store.claim(done, FP)).outcome is Outcome.DUPLICATE
+
+
+async def test_each_operation_is_one_evalsha(make_store: StoreFactory, server: Redis) -> None:
+    # One pooled connection, so every command of the store comes from one port.
+    store = await make_store(prefetch=1, max_claims=2)
+    # A script unknown to the server costs NOSCRIPT and SCRIPT LOAD once, on first use.
+    await _claims(store, "warm-rt", "warm-done")
+    sent = await _commands_sent(server, store, store.config.key_prefix)
+    # 8 claims, 2 releases, 1 complete: one EVALSHA each, nothing else.
+    assert len(sent) == 11, sent
+    assert all(command.startswith("EVALSHA ") for command in sent), sent
+
+
+async def test_record_is_one_key_with_retention_ttl(
+    make_store: StoreFactory, server: Redis
+) -> None:
+    store = await make_store(retention=60.0, lock_ttl=5.0)
+    key = store.config.namespaced("k")
+    claim = await store.claim("k", FP)
+    assert await store.complete("k", claim.fence, [1, 2])
+    assert await server.keys(store.config.namespaced("*")) == [key.encode()]
+    ttl = await server.pttl(key)
+    assert 55_000 < ttl <= 60_000
+    record = await store.get("k")
+    assert record is not None
+    assert record.expires_at is not None
+    assert abs(record.expires_at.timestamp() - (time.time() + 60)) < 5
+
+
+async def test_live_lease_outlives_a_shorter_retention(
+    make_store: StoreFactory, server: Redis
+) -> None:
+    # Were the record to expire first, a new claim would restart at fence 1,
+    # the fence its still-running owner holds.
+    store = await make_store(retention=1.0, lock_ttl=20.0)
+    key = store.config.namespaced("k")
+    claim = await store.claim("k", FP)
+    assert await server.pttl(key) > 15_000
+    assert await store.heartbeat("k", claim.fence)
+    assert await server.pttl(key) > 15_000
+    assert await store.release("k", claim.fence)
+    assert await server.pttl(key) <= 1_000
+
+
+async def test_lease_is_taken_from_the_server_clock(make_store: StoreFactory) -> None:
+    store = await make_store(lock_ttl=7.5)
+    claim = await store.claim("k", FP)
+    lease, updated = claim.record.lease_expires_at, claim.record.updated_at
+    assert lease is not None
+    assert updated is not None
+    assert (lease - updated).total_seconds() == 7.5
+
+
+async def test_claim_survives_a_script_cache_flush(make_store: StoreFactory, server: Redis) -> None:
+    # A restart or failover empties the script cache; EVALSHA must recover.
+    store = await make_store()
+    await store.claim("before", FP)
+    await server.script_flush()
+    assert (await store.claim("after", FP)).outcome is Outcome.CLAIMED
+
+
+async def test_migrate_warns_only_without_persistence(
+    make_store: StoreFactory, server: Redis
+) -> None:
+    store = await make_store()
+    config = await server.config_get("appendonly", "save")
+    volatile = config["appendonly"] == "no" and not config["save"]
+    assert (await store.migrate()) == ([NO_PERSISTENCE] if volatile else [])
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis://semel:s3cret-pw@127.0.0.1:1/0", "unix:///nonexistent/semel-redis.sock?db=0"],
+)
+async def test_unreachable_raises_unavailable_without_password(
+    make_settings: SettingsFactory, url: str
+) -> None:
+    store = await open_store(make_settings(redis_url=url))
+    started = time.monotonic()
+    try:
+        with pytest.raises(StoreUnavailable) as info:
+            await store.claim("k", FP)
+    finally:
+        await store.close()
+    assert time.monotonic() - started < 3
+    assert isinstance(info.value.__cause__, RedisConnectionError)
+    assert "s3cret-pw" not in str(info.value)
+
+
+async def _start_redis(port: int, workdir: Path) -> asyncio.subprocess.Process:
+    """A private, disposable Redis, so stopping it disturbs no other test."""
+    proc = await asyncio.create_subprocess_exec(
+        *("redis-server", "--port", str(port), "--bind", "127.0.0.1"),
+        *("--save", "", "--appendonly", "no", "--dir", str(workdir)),
+        stdout=asyncio.subprocess.DEVNULL,
+    )
+    await asyncio.to_thread(wait_for_port, port, 10.0)
+    return proc
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+async def test_stopped_server_is_unavailable_then_recovers(
+    make_settings: SettingsFactory, tmp_path: Path
+) -> None:
+    port = free_port()
+    server = await _start_redis(port, tmp_path)
+    store = await open_store(make_settings(redis_url=f"redis://127.0.0.1:{port}/0"))
+    try:
+        assert (await store.claim("k", FP)).outcome is Outcome.CLAIMED
+        server.terminate()
+        await server.wait()
+        with pytest.raises(StoreUnavailable):
+            await store.claim("k", FP)
+        server = await _start_redis(port, tmp_path)
+        # The pooled connection died with the old server; a new one is opened
+        # and the new server's empty script cache is filled on the way.
+        assert (await store.claim("k", FP)).outcome is Outcome.CLAIMED
+    finally:
+        await store.close()
+        server.terminate()
+        await server.wait()
+
+
+async def test_silent_server_is_unavailable_within_the_timeout(
+    make_settings: SettingsFactory,
+) -> None:
+    with socket.socket() as listener:  # accepts connections, never answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        store = await open_store(make_settings(redis_url=f"redis://127.0.0.1:{port}/0"))
+        started = time.monotonic()
+        try:
+            with pytest.raises(StoreUnavailable):
+                await store.claim("k", FP)
+        finally:
+            await store.close()
+    assert time.monotonic() - started < COMMAND_TIMEOUT + 1
