@@ -1,0 +1,188 @@
+"""Reading one delivery: its JSON body, its idempotency key and its fingerprint.
+
+Everything here is pure: bytes and headers in, values out, or
+:class:`BadMessage` naming the DLQ reason. Nothing touches the broker or the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from consumer.names import H_ORIGINAL_EXCHANGE, H_ORIGINAL_ROUTING_KEY, Reason
+
+JSON_CONTENT_TYPE = "application/json"
+MAX_KEY_LENGTH = 256
+_REJECTED_DEATH = "rejected"  # the x-death reason of a NACK without requeue
+
+
+class BadMessage(Exception):
+    """The delivery can never be processed; it goes to the DLQ with ``reason``."""
+
+    def __init__(self, reason: Reason, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class KeySource:
+    """Where the idempotency key is read from (``SEMEL_KEY_SOURCE``)."""
+
+    kind: str  # "header", "message_id" or "body"
+    name: str = ""  # the header name, or the dotted path into the body
+
+    @classmethod
+    def parse(cls, spec: str) -> KeySource:
+        if spec == "message_id":
+            return cls("message_id")
+        kind, _, name = spec.partition(":")
+        if kind not in ("header", "body") or not name:
+            raise ValueError(f"unknown key source {spec!r}")
+        return cls(kind, name)
+
+    def extract(
+        self, headers: Mapping[str, Any], message_id: str | None, body: Mapping[str, Any]
+    ) -> str:
+        """The validated key; raises :class:`BadMessage` when missing or invalid."""
+        if self.kind == "message_id":
+            return validate_key(message_id or None, "message_id")
+        if self.kind == "header":
+            return validate_key(_header(headers, self.name), f"header {self.name!r}")
+        return validate_key(_dig(body, self.name), f"body field {self.name!r}")
+
+
+def _header(headers: Mapping[str, Any], name: str) -> Any:
+    if name in headers:
+        return headers[name]
+    # Header names are case-sensitive in AMQP, but producers disagree on the
+    # spelling of "Idempotency-Key"; accept any case rather than dead-letter.
+    lowered = name.lower()
+    for candidate, value in headers.items():
+        if candidate.lower() == lowered:
+            return value
+    return None
+
+
+def _dig(body: Mapping[str, Any], path: str) -> Any:
+    value: Any = body
+    for part in path.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def validate_key(value: Any, where: str) -> str:
+    """A key is a string of 1..256 printable characters."""
+    if value is None:
+        raise BadMessage(Reason.MISSING_KEY, f"no idempotency key in {where}")
+    if not isinstance(value, str):
+        raise BadMessage(Reason.INVALID_KEY, f"key in {where} is a {type(value).__name__}")
+    if not 1 <= len(value) <= MAX_KEY_LENGTH:
+        raise BadMessage(
+            Reason.INVALID_KEY, f"key in {where} has {len(value)} characters (1..{MAX_KEY_LENGTH})"
+        )
+    if not value.isprintable():
+        raise BadMessage(Reason.INVALID_KEY, f"key in {where} has non-printable characters")
+    return value
+
+
+def _forbid_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_body(body: bytes, content_type: str | None, limit: int) -> dict[str, Any]:
+    """The body as a JSON object, or :class:`BadMessage`."""
+    if len(body) > limit:
+        raise BadMessage(Reason.TOO_LARGE, f"body of {len(body)} bytes exceeds {limit} bytes")
+    media_type = (content_type or JSON_CONTENT_TYPE).split(";", 1)[0].strip().lower()
+    if media_type != JSON_CONTENT_TYPE:
+        raise BadMessage(Reason.MALFORMED_BODY, f"content type {content_type!r} is not JSON")
+    try:
+        # The standard library keeps integers exact (orjson turns big ones into
+        # floats), and the fingerprint must not merge two different bodies.
+        parsed = json.loads(body.decode("utf-8"), parse_constant=_forbid_constant)
+    except UnicodeDecodeError:
+        raise BadMessage(Reason.MALFORMED_BODY, "body is not valid UTF-8") from None
+    except (ValueError, RecursionError) as exc:
+        raise BadMessage(Reason.MALFORMED_BODY, f"body is not JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise BadMessage(
+            Reason.MALFORMED_BODY, f"body is a JSON {type(parsed).__name__}, not an object"
+        )
+    return parsed
+
+
+def fingerprint(body: Mapping[str, Any]) -> str:
+    """sha256 of the canonical JSON: sorted keys, no whitespace, UTF-8."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """A delivery that can be claimed."""
+
+    key: str
+    body: dict[str, Any]
+    fingerprint: str
+
+
+def parse(
+    body: bytes,
+    content_type: str | None,
+    headers: Mapping[str, Any],
+    message_id: str | None,
+    *,
+    source: KeySource,
+    limit: int,
+) -> Parsed:
+    """Body first, then the key: a key inside a malformed body cannot be read."""
+    data = parse_body(body, content_type, limit)
+    key = source.extract(headers, message_id, data)
+    return Parsed(key=key, body=data, fingerprint=fingerprint(data))
+
+
+def best_effort_key(
+    headers: Mapping[str, Any], message_id: str | None, source: KeySource
+) -> str | None:
+    """The key of a delivery that failed parsing, for the DLQ headers, if it has one."""
+    if source.kind == "body":
+        return None
+    try:
+        return source.extract(headers, message_id, {})
+    except BadMessage:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a producer first published the message."""
+
+    exchange: str
+    routing_key: str
+
+
+def origin(headers: Mapping[str, Any], exchange: str, routing_key: str, queue: str) -> Origin:
+    """The producer's exchange and routing key, through retries and conflicts.
+
+    A retry copy carries semel's own headers. A conflict went through broker
+    dead-lettering, whose x-death entry for the work queue still names the
+    original route (read for the route only, never to count attempts).
+    """
+    if H_ORIGINAL_EXCHANGE in headers:
+        return Origin(
+            str(headers[H_ORIGINAL_EXCHANGE]), str(headers.get(H_ORIGINAL_ROUTING_KEY, ""))
+        )
+    for death in headers.get("x-death") or ():
+        if (
+            isinstance(death, Mapping)
+            and death.get("queue") == queue
+            and death.get("reason") == _REJECTED_DEATH
+        ):
+            keys = death.get("routing-keys") or [routing_key]
+            return Origin(str(death.get("exchange", exchange)), str(keys[0]))
+    return Origin(exchange, routing_key)

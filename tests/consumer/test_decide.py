@@ -1,0 +1,124 @@
+"""The settle decision as a value (pure, no servers)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from consumer import PermanentError
+from consumer.decide import (
+    MISMATCH_ERROR,
+    Ack,
+    DeadLetter,
+    NackToConflict,
+    Retry,
+    Run,
+    attempt_of,
+    decide_after_claim,
+    decide_after_failure,
+    decide_after_success,
+    describe,
+)
+from consumer.handler import HandlerTimeout
+from consumer.names import H_ATTEMPTS, Reason
+from settings import Settings
+from stores.base import POISON_ERROR, Claim, Outcome, Record, Status
+
+SETTINGS = Settings(retry_delays=[1, 5, 30], max_attempts=4, metrics_port=0)
+
+
+def claim(outcome: Outcome, *, fence: int = 3, error: str | None = None) -> Claim:
+    status = {
+        Outcome.DUPLICATE: Status.COMPLETED,
+        Outcome.FAILED: Status.FAILED,
+        Outcome.POISON: Status.FAILED,
+    }.get(outcome, Status.IN_PROGRESS)
+    record = Record(
+        key="k",
+        fingerprint="f" * 64,
+        status=status,
+        fence=fence,
+        claims=fence,
+        lease_expires_at=datetime.now(UTC),
+        error=error,
+    )
+    return Claim(outcome, record)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "expected"),
+    [
+        (Outcome.CLAIMED, Run(3)),
+        (Outcome.DUPLICATE, Ack("duplicate")),
+        (Outcome.IN_PROGRESS, NackToConflict("in-progress")),
+        (Outcome.MISMATCH, DeadLetter(Reason.PAYLOAD_MISMATCH, MISMATCH_ERROR)),
+        (Outcome.POISON, DeadLetter(Reason.POISON, POISON_ERROR)),
+        (Outcome.FAILED, Ack("duplicate-of-failed")),
+    ],
+)
+def test_after_claim(outcome: Outcome, expected: object) -> None:
+    assert decide_after_claim(claim(outcome)) == expected
+
+
+def test_poison_keeps_the_stores_error() -> None:
+    decision = decide_after_claim(claim(Outcome.POISON, error="poison: 10 claims"))
+    assert decision == DeadLetter(Reason.POISON, "poison: 10 claims")
+
+
+def test_retry_tiers_follow_attempts_and_the_last_repeats() -> None:
+    error = RuntimeError("db timeout")
+    assert decide_after_failure(error, 1, SETTINGS) == Retry(1, 2, "RuntimeError: db timeout")
+    assert decide_after_failure(error, 2, SETTINGS) == Retry(5, 3, "RuntimeError: db timeout")
+    assert decide_after_failure(error, 3, SETTINGS) == Retry(30, 4, "RuntimeError: db timeout")
+
+
+def test_last_tier_repeats_when_attempts_outnumber_tiers() -> None:
+    settings = Settings(retry_delays=[1, 2], max_attempts=6, metrics_port=0)
+    delays = [decide_after_failure(ValueError(), a, settings) for a in range(1, 6)]
+    assert [d.delay for d in delays if isinstance(d, Retry)] == [1, 2, 2, 2, 2]
+
+
+def test_no_attempts_left_is_max_attempts() -> None:
+    decision = decide_after_failure(RuntimeError("boom"), 4, SETTINGS)
+    assert decision == DeadLetter(Reason.MAX_ATTEMPTS, "RuntimeError: boom")
+
+
+def test_permanent_error_dead_letters_on_first_attempt() -> None:
+    decision = decide_after_failure(PermanentError("card declined"), 1, SETTINGS)
+    assert decision == DeadLetter(Reason.PERMANENT_ERROR, "PermanentError: card declined")
+
+
+def test_timeout_is_an_ordinary_failed_attempt() -> None:
+    decision = decide_after_failure(HandlerTimeout("ran longer than 5s"), 1, SETTINGS)
+    assert isinstance(decision, Retry)
+    assert decision.next_attempt == 2
+
+
+def test_after_success() -> None:
+    assert decide_after_success(True) == Ack("completed")
+    assert decide_after_success(False) == NackToConflict("fenced-out")
+
+
+@pytest.mark.parametrize(
+    ("headers", "attempt"),
+    [
+        ({}, 1),
+        ({H_ATTEMPTS: 3}, 3),
+        ({H_ATTEMPTS: "4"}, 4),
+        ({H_ATTEMPTS: 0}, 1),
+        ({H_ATTEMPTS: -2}, 1),
+        ({H_ATTEMPTS: True}, 1),
+        ({H_ATTEMPTS: "x"}, 1),
+        # Broker counts are never read as attempts.
+        ({"x-death": [{"count": 7}], "x-delivery-count": 9}, 1),
+    ],
+)
+def test_attempt_comes_only_from_semels_header(headers: dict[str, Any], attempt: int) -> None:
+    assert attempt_of(headers) == attempt
+
+
+def test_describe() -> None:
+    assert describe(ValueError("bad")) == "ValueError: bad"
+    assert describe(KeyError()) == "KeyError"
