@@ -131,3 +131,18 @@ def test_refusal_reasons() -> None:
     assert refused_outcome(completed, OTHER_FP, live=True, leased=False) is Outcome.MISMATCH
     assert refused_outcome(failed, FP, live=True, leased=False) is Outcome.FAILED
     assert refused_outcome(completed, FP, live=False, leased=False) is None
+
+
+@sql_backends
+async def test_takeover_race_has_one_winner(make_store: StoreFactory) -> None:
+    one = await make_store()
+    # Two pools, or two connections to one file, claiming the same keys.
+    stores = [one, await make_store(key_prefix=one.config.key_prefix)]
+    first = await stores[0].claim("k", FP)
+    for round_ in range(5):
+        assert await stores[0].release("k", first.fence + round_)
+        claims = await asyncio.gather(*(stores[i % 2].claim("k", FP) for i in range(40)))
+        won = [c for c in claims if c.outcome is Outcome.CLAIMED]
+        assert len(won) == 1
+        assert won[0].fence == first.fence + round_ + 1
+        assert {c.outcome for c in claims} == {Outcome.CLAIMED, Outcome.IN_PROGRESS}
