@@ -169,6 +169,13 @@ class Settings(BaseSettings):
                 f"{PREFIX}RETENTION: {self.retention:g}s is shorter than the sum of "
                 f"{PREFIX}RETRY_DELAYS ({sum(self.retry_delays):g}s)"
             )
+        # A live claim must never be forgotten under its owner, or a new claim
+        # could be granted the fence the owner still holds.
+        if self.retention < self.lock_ttl:
+            raise ValueError(
+                f"{PREFIX}RETENTION: {self.retention:g}s is shorter than "
+                f"{PREFIX}LOCK_TTL ({self.lock_ttl:g}s)"
+            )
         return self
 
     def retry_delay(self, attempt: int) -> float:

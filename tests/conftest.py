@@ -57,12 +57,14 @@ SettingsFactory = Callable[..., Settings]
 
 
 @pytest.fixture
-def make_settings(request: pytest.FixtureRequest, tmp_path: Path) -> SettingsFactory:
-    """Settings for the backend under test, isolated by a fresh key prefix.
+def backend() -> str:
+    """The store under test; tests override it with ``parametrize("backend", BACKENDS)``."""
+    return "sqlite"
 
-    The test picks the backend by parametrising ``backend`` (see BACKENDS).
-    """
-    backend: str = request.getfixturevalue("backend")
+
+@pytest.fixture
+def make_settings(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -> SettingsFactory:
+    """Settings for the backend under test, isolated by a fresh key prefix."""
     base: dict[str, Any] = {
         "key_prefix": "t" + uuid.uuid4().hex[:12],
         "retry_delays": [0.1],

@@ -184,3 +184,11 @@ def test_redact_leaves_plain_text() -> None:
 def test_settings_construct_from_field_names() -> None:
     s = Settings(store=StoreKind.REDIS, redis_url="redis://localhost:6380/2")
     assert s.store is StoreKind.REDIS
+
+
+def test_retention_shorter_than_lock_ttl_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEMEL_RETRY_DELAYS", "1")
+    monkeypatch.setenv("SEMEL_LOCK_TTL", "60")
+    monkeypatch.setenv("SEMEL_RETENTION", "30")
+    with pytest.raises(ConfigError, match=r"^SEMEL_RETENTION: .*SEMEL_LOCK_TTL"):
+        load_settings()
