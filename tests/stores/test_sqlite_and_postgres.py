@@ -24,7 +24,7 @@ sql_backends = pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 
 @sql_backends
 async def test_past_retention_is_absent_but_fence_grows(make_store: StoreFactory) -> None:
-    store = await make_store(retention=0.3)
+    store = await make_store(retention=0.3, lock_ttl=0.3)
     first = await store.claim("k", FP)
     assert (first.fence, first.record.claims) == (1, 1)
     assert await store.complete("k", first.fence, {"v": 1})
@@ -95,7 +95,7 @@ async def test_failed_key_with_other_body_is_mismatch(make_store: StoreFactory) 
 
 @sql_backends
 async def test_purge_deletes_only_rows_past_retention(make_store: StoreFactory) -> None:
-    short = await make_store(retention=0.3)
+    short = await make_store(retention=0.3, lock_ttl=0.3)
     long = await make_store(key_prefix=short.config.key_prefix + "-long")
     for store in (short, long):
         claim = await store.claim("k", FP)
