@@ -1,0 +1,1 @@
+"""Validation of the deployment files under deploy/: offline, with linters and schemas."""
