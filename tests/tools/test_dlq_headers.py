@@ -1,0 +1,83 @@
+"""The pure parts of the DLQ tools: header stripping, timestamps, selection."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from consumer import names
+from consumer.dlq import DeadLetter, Selection, parse_instant, replay_headers
+from consumer.names import Reason
+
+INSTANT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+def test_replay_headers_drop_semel_and_broker_headers_only() -> None:
+    headers = {
+        "Idempotency-Key": "k",
+        "x-trace": "t",
+        "x-semelish": "kept: not the x-semel- prefix",
+        **{h: "v" for h in names.BROKER_HEADERS},
+        names.H_ATTEMPTS: 3,
+        names.H_REASON: "max-attempts",
+        names.H_ERROR: "e",
+        names.H_KEY: "k",
+        names.H_ORIGINAL_EXCHANGE: "x",
+        names.H_ORIGINAL_ROUTING_KEY: "r",
+        names.H_FIRST_SEEN: "f",
+        names.H_DEAD_LETTERED_AT: "d",
+        "x-semel-something-new": 1,
+    }
+    assert replay_headers(headers) == {
+        "Idempotency-Key": "k",
+        "x-trace": "t",
+        "x-semelish": "kept: not the x-semel- prefix",
+    }
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        INSTANT,
+        INSTANT.replace(tzinfo=None),
+        INSTANT.isoformat(),
+        "2026-01-02T03:04:05Z",
+        INSTANT.timestamp(),
+        int(INSTANT.timestamp() * 1000),
+        str(INSTANT.timestamp()).encode(),
+    ],
+)
+def test_parse_instant_reads_every_timestamp_shape(value: object) -> None:
+    assert parse_instant(value) == INSTANT
+
+
+@pytest.mark.parametrize("value", [None, "", "yesterday", b"\xff", 10**30, True])
+def test_parse_instant_gives_up_quietly(value: object) -> None:
+    assert parse_instant(value) is None
+
+
+def _letter(key: str | None, reason: str | None) -> DeadLetter:
+    return DeadLetter(reason, key, 1, None, INSTANT, "order.paid", None)
+
+
+def test_selection() -> None:
+    letter = _letter("k", "poison")
+    assert Selection(everything=True).matches(letter)
+    assert Selection(key="k").matches(letter)
+    assert not Selection(key="other").matches(letter)
+    assert Selection(reason=Reason.POISON).matches(letter)
+    assert not Selection(reason=Reason.MAX_ATTEMPTS).matches(letter)
+    assert not Selection().matches(letter)
+    assert not Selection(key="k").matches(_letter(None, "poison"))
+
+
+def test_age_and_json() -> None:
+    letter = _letter("k", "poison")
+    later = INSTANT + timedelta(seconds=90)
+    assert letter.age(later) == timedelta(seconds=90)
+    assert letter.as_json(later)["age_seconds"] == 90.0
+    assert _letter("k", None).as_json(later)["reason"] is None
+    no_time = DeadLetter(None, None, None, None, None, None, None)
+    assert no_time.age(later) is None
+    assert no_time.as_json(later)["dead_lettered_at"] is None
