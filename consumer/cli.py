@@ -86,6 +86,11 @@ def inspect(key: str = typer.Argument(..., help="the idempotency key, without pr
     typer.echo(data.decode())
 
 
+from consumer import tools_cli  # noqa: E402 - needs app, fail and run_with_store above
+
+tools_cli.register(app)
+
+
 def main() -> None:
     """Entry point of the ``semel`` script."""
     try:
