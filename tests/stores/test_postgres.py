@@ -13,10 +13,13 @@ from stores.errors import StoreUnavailable
 from stores.postgres import PostgresStore, pool_size, schema
 from tests.conftest import SettingsFactory, StoreFactory, open_store
 
-pytestmark = pytest.mark.parametrize("backend", ["postgres"])
-
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "deploy" / "postgres-schema.sql"
 FP = "f" * 64
+
+
+@pytest.fixture
+def backend() -> str:
+    return "postgres"
 
 
 def statements(text: str) -> list[str]:

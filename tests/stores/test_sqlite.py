@@ -13,9 +13,12 @@ from stores.errors import StoreUnavailable
 from stores.sqlite import SqliteStore
 from tests.conftest import SettingsFactory, StoreFactory, open_store
 
-pytestmark = pytest.mark.parametrize("backend", ["sqlite"])
-
 FP = "f" * 64
+
+
+@pytest.fixture
+def backend() -> str:
+    return "sqlite"
 
 
 async def traced(store: SqliteStore, sent: list[str]) -> None:
