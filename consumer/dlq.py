@@ -16,6 +16,7 @@ start, so a replayed message that fails again is not picked up a second time.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -24,7 +25,7 @@ from typing import Any
 import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
-from aiormq.exceptions import DeliveryError
+from aiormq.exceptions import AMQPError, ChannelInvalidStateError, DeliveryError
 
 from consumer import names
 from consumer.names import Reason, Topology
@@ -189,7 +190,10 @@ class _Batch:
 
 async def _hand_back(messages: list[AbstractIncomingMessage]) -> None:
     # Everything not acked was fetched on this channel; one nack returns it all.
-    if messages:
+    if not messages:
+        return
+    # A channel that is gone already had the broker requeue all its unacked messages.
+    with contextlib.suppress(AMQPError, ChannelInvalidStateError):
         await messages[-1].nack(multiple=True, requeue=True)
 
 

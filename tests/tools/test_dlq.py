@@ -13,10 +13,11 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiormq.exceptions import DeliveryError
 
-from consumer import names, topology
+from consumer import dlq, names, topology
 from consumer.names import Reason, Topology
 from settings import Settings
 from stores.base import Outcome, Store
+from stores.errors import StoreUnavailable
 from tests.conftest import StoreFactory
 from tests.tools.conftest import (
     depth,
@@ -296,3 +297,44 @@ async def test_unconfirmed_replay_leaves_the_dead_letter(
     (left,) = await drain(channel, dlq_name)
     assert header(left, names.H_KEY) == "stuck"
     assert await depth(channel, settings.queue) == work_depth
+
+
+@pytest.mark.usefixtures("declared")
+async def test_store_trouble_midway_leaves_the_rest_in_the_dlq(
+    settings: Settings, channel: AbstractChannel, connection: AbstractConnection
+) -> None:
+    dlq_name = Topology(settings.queue).dead_letter_queue
+    for key in ("s-1", "s-2", "s-3"):
+        await dead_letter(channel, settings, key, Reason.MAX_ATTEMPTS)
+    await wait_for_depth(channel, dlq_name, 3)
+    reset_keys: list[str] = []
+
+    async def reset(key: str) -> bool:
+        reset_keys.append(key)
+        if len(reset_keys) == 2:
+            raise StoreUnavailable("redis", "connection refused")
+        return True
+
+    replaying = await connection.channel(publisher_confirms=True, on_return_raises=True)
+    with pytest.raises(StoreUnavailable):
+        await dlq.replay(replaying, settings, dlq.Selection(everything=True), reset)
+    await wait_for_depth(channel, settings.queue, 1)  # the first one, confirmed before the outage
+    await wait_for_depth(channel, dlq_name, 2)
+    assert sorted(header(m, names.H_KEY) for m in await drain(channel, dlq_name)) == ["s-2", "s-3"]
+
+
+@pytest.mark.parametrize("backend", ["redis"])
+@pytest.mark.usefixtures("declared")
+async def test_unreachable_store_is_one_line_and_leaves_the_dlq(
+    settings: Settings, channel: AbstractChannel
+) -> None:
+    dlq_name = Topology(settings.queue).dead_letter_queue
+    await dead_letter(channel, settings, "r-1", Reason.MAX_ATTEMPTS)
+    await wait_for_depth(channel, dlq_name, 1)
+    nowhere = settings.model_copy(update={"redis_url": "redis://127.0.0.1:1/0"})
+    done = semel_process(nowhere, "dlq", "replay", "--all")
+    assert done.code == 1
+    assert done.stderr.startswith("semel: error: redis store unavailable")
+    assert len(done.stderr.strip().splitlines()) == 1
+    await wait_for_depth(channel, dlq_name, 1)
+    assert await depth(channel, settings.queue) == 0
