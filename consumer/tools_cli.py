@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -73,6 +74,13 @@ def _guarded(call: Callable[[], T]) -> T:
 @asynccontextmanager
 async def _broker(settings: Settings, *, declare: bool = True) -> AsyncIterator[AbstractChannel]:
     """A publisher-confirm channel, after declaring the topology (idempotent)."""
+    # The client libraries log what they then raise; the command prints that as
+    # its one error line, so their records must not reach Python's last-resort
+    # stderr handler.
+    for name in ("aiormq", "aio_pika"):
+        client_log = logging.getLogger(name)
+        if not client_log.handlers:
+            client_log.addHandler(logging.NullHandler())
     connection = await aio_pika.connect(settings.amqp_url, timeout=CONNECT_TIMEOUT)
     async with connection:
         if declare:

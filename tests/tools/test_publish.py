@@ -181,3 +181,15 @@ async def test_key_source_that_cannot_carry_a_bad_kind_exits_2(settings: Setting
     done = await semel(by_id, "publish", "--bad", "missing-key")
     assert done.code == 2
     assert "message_id" in done.stderr
+
+
+@pytest.mark.parametrize("command", [["publish"], ["dlq", "list"], ["dlq", "replay", "--all"]])
+def test_unreachable_broker_is_one_line_without_the_password(
+    settings: Settings, command: list[str]
+) -> None:
+    nowhere = settings.model_copy(update={"amqp_url": "amqp://guest:s3cret@127.0.0.1:1/"})
+    done = semel_process(nowhere, *command)
+    assert done.code == 1
+    assert done.stderr.startswith("semel: error: broker:")
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "s3cret" not in done.stderr + done.stdout
