@@ -47,7 +47,7 @@ COLUMNS = sql.SQL(
 # gets past the claim's WHERE clause only when it is in progress with the same
 # fingerprint and no lease, so "live" alone tells a takeover from a fresh start.
 # The claim and the read after a refusal share these, so they never disagree.
-LIVE = sql.SQL("t.expires_at > now()")
+LIVE = sql.SQL("(t.expires_at > now())")
 LEASED = sql.SQL("coalesce(t.lock_expires_at > now(), false)")
 POISONED = sql.SQL("(t.expires_at > now() AND t.claims >= %(max_claims)s)")
 

@@ -55,7 +55,7 @@ COLUMNS = (
 # Times are integer epoch milliseconds. The same conditions as the PostgreSQL
 # claim: past retention a row counts as absent, so a live row passing the
 # WHERE clause is a takeover (or a poisoning) and any other is a fresh start.
-LIVE = "t.expires_at > :now"
+LIVE = "(t.expires_at > :now)"
 LEASED = "coalesce(t.lock_expires_at > :now, 0)"
 POISONED = "(t.expires_at > :now AND t.claims >= :max_claims)"
 
