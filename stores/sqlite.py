@@ -304,4 +304,12 @@ async def open_store(settings: Settings) -> Store:
     except BaseException:
         thread.shutdown(wait=False)
         raise
-    return SqliteStore(store_config(settings), conn, thread, settings.postgres_table)
+    store = SqliteStore(store_config(settings), conn, thread, settings.postgres_table)
+    # The embedded store has no operator to run `semel migrate`: a fresh
+    # checkout must consume at once, so the table is created on open.
+    try:
+        await store.migrate()
+    except BaseException:
+        await store.close()
+        raise
+    return store

@@ -156,7 +156,7 @@ async def test_poison_after_max_claims(make_store: StoreFactory) -> None:
 
 
 async def test_completion_resets_nothing_but_retention_forgets(make_store: StoreFactory) -> None:
-    store = await make_store(retention=1.0)
+    store = await make_store(retention=1.0, lock_ttl=0.5)
     first = await store.claim("k", FP)
     assert await store.complete("k", first.fence, {"v": 1})
     assert (await store.claim("k", FP)).outcome is Outcome.DUPLICATE

@@ -72,8 +72,19 @@ async def test_locked_database_is_unavailable(
         await store.close()
 
 
-async def test_missing_table_is_a_bug_not_an_outage(make_settings: SettingsFactory) -> None:
+async def test_opening_creates_the_table(make_settings: SettingsFactory) -> None:
     store = await open_store(make_settings())
+    try:
+        assert await store.get("k") is None
+    finally:
+        await store.close()
+
+
+async def test_missing_table_is_a_bug_not_an_outage(make_settings: SettingsFactory) -> None:
+    settings = make_settings()
+    store = await open_store(settings)
+    with sqlite3.connect(settings.sqlite_path) as conn:
+        conn.execute(f'DROP TABLE "{settings.postgres_table}"')
     try:
         with pytest.raises(sqlite3.OperationalError, match="no such table"):
             await store.claim("k", FP)
