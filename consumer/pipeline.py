@@ -1,0 +1,278 @@
+"""One delivery, start to end: parse -> key -> claim -> run -> record -> settle.
+
+Each step is a small function; the store writes that follow a run are fenced
+by the claim, and the decision that comes out is applied by
+:class:`consumer.settle.Settler`. A store that cannot be reached never sends a
+message to the DLQ: the delivery is handed back (``Requeue``) and the worker
+pauses until the store answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import orjson
+import structlog
+from aio_pika.abc import AbstractIncomingMessage
+
+from consumer.copies import Facts, first_seen
+from consumer.decide import (
+    DeadLetter,
+    NackToConflict,
+    Requeue,
+    Retry,
+    Run,
+    Settle,
+    attempt_of,
+    decide_after_claim,
+    decide_after_failure,
+    decide_after_success,
+    describe,
+)
+from consumer.handler import Context, Handler, Lease, LeaseLost, run_leased
+from consumer.message import BadMessage, KeySource, Parsed, best_effort_key, origin, parse
+from consumer.names import Reason
+from consumer.settle import AfterCopy, Settler
+from settings import Settings, redact
+from stores.base import Store
+from stores.errors import ResultTooLarge, StoreUnavailable
+
+T = TypeVar("T")
+log = structlog.get_logger("semel.pipeline")
+
+_WRITE_BACKOFF = (0.05, 1.0)  # first and longest pause between store-write retries
+_RELEASE_WAIT = 5.0  # seconds a cut-short delivery waits to release its claim
+
+
+class Pipeline:
+    """Processes deliveries of the work queue; safe to run concurrently."""
+
+    def __init__(
+        self, *, store: Store, handler: Handler, settings: Settings, settler: Settler
+    ) -> None:
+        self._store = store
+        self._handler = handler
+        self._settings = settings
+        self._settler = settler
+        self._source = KeySource.parse(settings.key_source)
+
+    async def handle(self, message: AbstractIncomingMessage) -> Settle:
+        """Process and settle ``message``; returns the decision applied."""
+        started = time.monotonic()
+        headers = dict(message.headers)
+        facts = Facts(
+            key=None,
+            attempt=attempt_of(headers),
+            origin=origin(
+                headers, message.exchange or "", message.routing_key or "", self._settings.queue
+            ),
+            first_seen=first_seen(headers),
+        )
+        try:
+            parsed = parse(
+                message.body,
+                message.content_type,
+                headers,
+                message.message_id,
+                source=self._source,
+                limit=self._settings.max_body_bytes,
+            )
+        except BadMessage as bad:
+            facts = replace(facts, key=best_effort_key(headers, message.message_id, self._source))
+            return await self._settle(message, DeadLetter(bad.reason, str(bad)), facts, started)
+        facts = replace(facts, key=parsed.key)
+        claimed_at = time.monotonic()
+        try:
+            claim = await self._store.claim(parsed.key, parsed.fingerprint)
+        except StoreUnavailable as exc:
+            return await self._settle(message, Requeue(describe(exc)), facts, started)
+        step = decide_after_claim(claim)
+        if not isinstance(step, Run):
+            return await self._settle(message, step, facts, started, fence=claim.fence)
+        lease = Lease(parsed.key, step.fence, self._settings.lock_ttl, renewed_at=claimed_at)
+        return await self._run(message, parsed, facts, lease, started)
+
+    async def _run(
+        self,
+        message: AbstractIncomingMessage,
+        parsed: Parsed,
+        facts: Facts,
+        lease: Lease,
+        started: float,
+    ) -> Settle:
+        context = Context(
+            key=parsed.key,
+            body=parsed.body,
+            headers=dict(message.headers),
+            routing_key=facts.origin.routing_key,
+            message_id=message.message_id,
+            attempt=facts.attempt,
+            fence=lease.fence,
+        )
+        try:
+            result = await run_leased(
+                self._handler, context, self._store, lease, self._settings.handler_timeout
+            )
+        except asyncio.CancelledError:
+            await self._cut_short(message, lease, facts, started)
+            raise
+        except LeaseLost:
+            # Release nothing: the key belongs to the worker that took it over.
+            decision: Settle = NackToConflict("lease-lost")
+        except StoreUnavailable as exc:
+            decision = Requeue(describe(exc))
+        except Exception as exc:  # the handler failed (or timed out): retry or dead-letter
+            return await self._after_failure(message, facts, lease, exc, started)
+        else:
+            return await self._after_success(message, facts, lease, result, started)
+        return await self._settle(message, decision, facts, started, fence=lease.fence)
+
+    async def _after_success(
+        self,
+        message: AbstractIncomingMessage,
+        facts: Facts,
+        lease: Lease,
+        result: Any,
+        started: float,
+    ) -> Settle:
+        try:
+            orjson.dumps(result)
+        except orjson.JSONEncodeError as exc:
+            # Running the handler again would return the same thing.
+            error = f"result is not JSON-serialisable: {exc}"
+            return await self._dead_letter(message, facts, lease, error, started)
+        try:
+            stored = await self._write(
+                lease, lambda: self._store.complete(lease.key, lease.fence, result)
+            )
+        except ResultTooLarge as exc:
+            return await self._dead_letter(message, facts, lease, describe(exc), started)
+        except StoreUnavailable as exc:
+            return await self._settle(
+                message, Requeue(describe(exc)), facts, started, fence=lease.fence
+            )
+        return await self._settle(
+            message, decide_after_success(stored), facts, started, fence=lease.fence
+        )
+
+    async def _after_failure(
+        self,
+        message: AbstractIncomingMessage,
+        facts: Facts,
+        lease: Lease,
+        exc: Exception,
+        started: float,
+    ) -> Settle:
+        decision = decide_after_failure(exc, facts.attempt, self._settings)
+        if isinstance(decision, DeadLetter):
+            return await self._settle(
+                message,
+                decision,
+                facts,
+                started,
+                fence=lease.fence,
+                after_copy=self._fail(lease, decision),
+            )
+        try:
+            released = await self._write(lease, lambda: self._store.release(lease.key, lease.fence))
+        except StoreUnavailable as store_exc:
+            return await self._settle(
+                message, Requeue(describe(store_exc)), facts, started, fence=lease.fence
+            )
+        settle: Retry | NackToConflict = decision if released else NackToConflict("fenced-out")
+        return await self._settle(
+            message, settle, facts, started, fence=lease.fence, error=decision.error
+        )
+
+    async def _dead_letter(
+        self,
+        message: AbstractIncomingMessage,
+        facts: Facts,
+        lease: Lease,
+        error: str,
+        started: float,
+    ) -> Settle:
+        decision = DeadLetter(Reason.PERMANENT_ERROR, error)
+        return await self._settle(
+            message,
+            decision,
+            facts,
+            started,
+            fence=lease.fence,
+            after_copy=self._fail(lease, decision),
+        )
+
+    def _fail(self, lease: Lease, decision: DeadLetter) -> AfterCopy:
+        async def mark_failed() -> None:
+            try:
+                await self._write(
+                    lease, lambda: self._store.fail(lease.key, lease.fence, decision.error)
+                )
+            except StoreUnavailable as exc:
+                # The dead letter is already safe in the DLQ; the key stays
+                # claimed until its lease runs out.
+                log.warning("key not marked failed", key=lease.key, error=describe(exc))
+
+        return mark_failed
+
+    async def _write(self, lease: Lease, write: Callable[[], Awaitable[T]]) -> T:
+        """A fenced store write, retried while the lease still holds."""
+        pause, longest = _WRITE_BACKOFF
+        while True:
+            try:
+                return await write()
+            except StoreUnavailable:
+                if lease.remaining() <= pause:
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, longest)
+
+    async def _cut_short(
+        self, message: AbstractIncomingMessage, lease: Lease, facts: Facts, started: float
+    ) -> None:
+        """Shutdown cut the handler short: free the key at once and hand the message back."""
+        try:
+            await asyncio.wait_for(self._store.release(lease.key, lease.fence), _RELEASE_WAIT)
+        except (StoreUnavailable, TimeoutError) as exc:
+            log.warning(
+                "claim not released; it expires by itself", key=lease.key, error=describe(exc)
+            )
+        await self._settle(
+            message,
+            Requeue("shutdown", outcome="requeued-shutdown", store_down=False),
+            facts,
+            started,
+            fence=lease.fence,
+        )
+
+    async def _settle(
+        self,
+        message: AbstractIncomingMessage,
+        decision: Settle,
+        facts: Facts,
+        started: float,
+        *,
+        fence: int | None = None,
+        after_copy: AfterCopy | None = None,
+        error: str | None = None,
+    ) -> Settle:
+        outcome = await self._settler.apply(message, decision, facts, after_copy=after_copy)
+        fields: dict[str, Any] = {
+            "key": facts.key,
+            "fence": fence,
+            "attempt": facts.attempt,
+            "outcome": outcome,
+            "duration_ms": round((time.monotonic() - started) * 1000, 1),
+        }
+        if isinstance(decision, DeadLetter):
+            fields["reason"] = decision.reason.value
+        error = error or getattr(decision, "error", None)
+        if error:
+            fields["error"] = redact(error)
+        emit = log.warning if isinstance(decision, DeadLetter | Requeue) else log.info
+        emit("settled", **fields)
+        return decision
