@@ -16,6 +16,8 @@ import orjson
 import typer
 
 from consumer.container import Container, shutdown
+from consumer.serve import StartupError
+from consumer.serve import consume as run_consumer
 from settings import ConfigError, redact
 from stores.base import Store
 from stores.errors import StoreError
@@ -84,6 +86,17 @@ def inspect(key: str = typer.Argument(..., help="the idempotency key, without pr
         return
     data = orjson.dumps(asdict(record), default=_json_default, option=orjson.OPT_INDENT_2)
     typer.echo(data.decode())
+
+
+@app.command()
+def consume() -> None:
+    """Run the consumer until SIGTERM / SIGINT (the Procfile's worker)."""
+    try:
+        code = asyncio.run(run_consumer())
+    except StartupError as exc:
+        fail(str(exc), exc.code)
+        return
+    raise typer.Exit(code)
 
 
 from consumer import tools_cli  # noqa: E402 - needs app, fail and run_with_store above

@@ -2,7 +2,8 @@
 
 Only the selected store backend is imported and built: each backend is a
 ``Resource`` behind a ``Selector``, and a Resource is initialised only when
-the selector picks it. Tests swap a collaborator with
+the selector picks it. The broker connection is a Resource too, opened only
+by the commands that talk to the broker. Tests swap a collaborator with
 ``container.store.override(providers.Object(fake))``.
 """
 
@@ -13,6 +14,9 @@ from collections.abc import AsyncIterator
 
 from dependency_injector import containers, providers
 
+from consumer.broker import open_connection
+from consumer.handler import load_handler
+from consumer.runner import Worker
 from settings import Settings, load_settings
 from stores.base import Store
 
@@ -31,6 +35,10 @@ def _store_kind(settings: Settings) -> str:
     return settings.store.value
 
 
+def _handler_spec(settings: Settings) -> str:
+    return settings.handler
+
+
 async def shutdown(container: containers.Container) -> None:
     """Close every Resource that was started; a no-op when none was."""
     pending = container.shutdown_resources()
@@ -39,7 +47,7 @@ async def shutdown(container: containers.Container) -> None:
 
 
 class Container(containers.DeclarativeContainer):
-    """Wires settings to the store; the consumer adds its broker parts here."""
+    """Wires settings to the store, the broker connection and the worker."""
 
     settings = providers.Singleton(load_settings)
 
@@ -49,4 +57,12 @@ class Container(containers.DeclarativeContainer):
         postgres=providers.Resource(open_backend, "postgres", settings),
         redis=providers.Resource(open_backend, "redis", settings),
         dynamodb=providers.Resource(open_backend, "dynamodb", settings),
+    )
+
+    handler = providers.Singleton(load_handler, providers.Callable(_handler_spec, settings))
+
+    connection = providers.Resource(open_connection, settings)
+
+    worker = providers.Factory(
+        Worker, connection=connection, store=store, handler=handler, settings=settings
     )

@@ -1,0 +1,150 @@
+"""The worker: consumes the work queue and runs one pipeline task per delivery.
+
+Up to ``SEMEL_PREFETCH`` deliveries are processed at once (the broker sends
+no more than that unacknowledged). A stop request (SIGTERM / SIGINT) detaches
+the consumer, lets the handlers in flight finish for ``shutdown_grace``
+seconds, then cuts the rest short: their claims are released and their
+messages handed back, so another worker picks them up at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import structlog
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+
+from consumer.decide import Requeue
+from consumer.handler import Handler
+from consumer.names import Topology
+from consumer.pipeline import Pipeline
+from consumer.settle import Settler
+from consumer.supervise import Intake, StoreGate, broker_gone_for
+from settings import Settings
+from stores.base import Store
+from stores.errors import StoreUnavailable
+
+EXIT_OK, EXIT_BROKER_GONE = 0, 1
+_CUT_SHORT_WAIT = 10.0  # seconds cut-short tasks get to release their claims
+
+log = structlog.get_logger("semel.worker")
+
+
+class Worker:
+    """Consumes ``SEMEL_QUEUE`` until stopped or the broker is gone for good."""
+
+    def __init__(
+        self,
+        connection: AbstractRobustConnection,
+        store: Store,
+        handler: Handler,
+        settings: Settings,
+    ) -> None:
+        self._connection = connection
+        self._store = store
+        self._handler = handler
+        self._settings = settings
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._accepting = False
+        self._pipeline: Pipeline | None = None
+        self._gate: StoreGate | None = None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    async def run(self, stop: asyncio.Event) -> int:
+        """Consume until ``stop`` is set (exit 0) or the broker stays away (exit 1)."""
+        names = Topology(self._settings.queue)
+        consuming = await self._connection.channel(publisher_confirms=False)
+        await consuming.set_qos(prefetch_count=self._settings.prefetch)
+        publishing = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
+        settler = await Settler.open(publishing, names)
+        self._pipeline = Pipeline(
+            store=self._store, handler=self._handler, settings=self._settings, settler=settler
+        )
+        queue = await consuming.get_queue(self._settings.queue, ensure=True)
+        intake = Intake(queue, self._on_message)
+        self._gate = gate = StoreGate(self._store, intake)
+        self._accepting = True
+        try:
+            await self._store.ping()
+            await intake.resume()
+        except StoreUnavailable:
+            gate.report_down()
+        log.info("consuming", queue=self._settings.queue, prefetch=self._settings.prefetch)
+
+        stopping = asyncio.Event()
+        watchers = [
+            asyncio.create_task(gate.watch(stopping)),
+            asyncio.create_task(stop.wait()),
+            asyncio.create_task(broker_gone_for(self._connection, self._settings.broker_give_up)),
+        ]
+        try:
+            done, _ = await asyncio.wait(watchers[1:], return_when=asyncio.FIRST_COMPLETED)
+            broker_gone = watchers[2] in done
+            stopping.set()
+            self._accepting = False
+            await intake.pause()
+        finally:
+            for watcher in watchers:
+                watcher.cancel()
+            await asyncio.gather(*watchers, return_exceptions=True)
+        if broker_gone:
+            log.error(
+                "broker unreachable for too long, exiting", give_up=self._settings.broker_give_up
+            )
+            await self._cut_short()
+            return EXIT_BROKER_GONE
+        await self._drain()
+        with contextlib.suppress(Exception):
+            await publishing.close()
+            await consuming.close()
+        return EXIT_OK
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        gate = self._gate
+        if not self._accepting or gate is None or not gate.open:
+            # Detached or paused, but the broker had already sent it: hand it back.
+            with contextlib.suppress(Exception):
+                await message.nack(requeue=True)
+            return
+        # A task of our own, not aiormq's: aiormq cancels its delivery tasks
+        # when the channel drops, which would cut handlers short on every reconnect.
+        task = asyncio.create_task(self._process(message))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _process(self, message: AbstractIncomingMessage) -> None:
+        assert self._pipeline is not None
+        assert self._gate is not None
+        try:
+            decision = await self._pipeline.handle(message)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # A bug, not a bad message: park it in the conflict queue (nothing
+            # lost) and let it come back after the conflict delay.
+            log.exception("delivery failed unexpectedly", delivery_tag=message.delivery_tag)
+            with contextlib.suppress(Exception):
+                await message.nack(requeue=False)
+            return
+        if isinstance(decision, Requeue) and decision.store_down:
+            self._gate.report_down()
+
+    async def _drain(self) -> None:
+        """Let in-flight deliveries finish for the grace period, then cut the rest short."""
+        if self._tasks:
+            log.info("stopping: waiting for handlers in flight", in_flight=len(self._tasks))
+            await asyncio.wait(set(self._tasks), timeout=self._settings.shutdown_grace)
+        await self._cut_short()
+
+    async def _cut_short(self) -> None:
+        pending = set(self._tasks)
+        if not pending:
+            return
+        log.warning("cutting handlers short, releasing their claims", count=len(pending))
+        for task in pending:
+            task.cancel()
+        await asyncio.wait(pending, timeout=_CUT_SHORT_WAIT)

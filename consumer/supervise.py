@@ -1,0 +1,112 @@
+"""Watching the two servers a worker depends on.
+
+The store: when a delivery finds it unreachable, consumption pauses (the
+queue's consumer is cancelled, so the broker keeps the messages) and the
+store is pinged with a growing pause until it answers; then consumption
+resumes by itself. The broker: aio-pika's robust connection reconnects and
+restores the consumer; this module only decides when it has been away too
+long and the process should exit for its supervisor to restart it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+from aio_pika.abc import AbstractConnection, AbstractIncomingMessage, AbstractQueue
+
+from stores.base import Store
+from stores.errors import StoreUnavailable
+
+PROBE_BACKOFF = (0.2, 5.0)  # first and longest pause between store pings
+BROKER_CHECK_INTERVAL = 1.0
+
+log = structlog.get_logger("semel.supervise")
+
+Callback = Callable[[AbstractIncomingMessage], Awaitable[None]]
+
+
+class Intake:
+    """The queue's consumer, attached and detached on demand."""
+
+    def __init__(self, queue: AbstractQueue, callback: Callback) -> None:
+        self._queue = queue
+        self._callback = callback
+        self._tag: str | None = None
+
+    @property
+    def consuming(self) -> bool:
+        return self._tag is not None
+
+    async def resume(self) -> None:
+        if self._tag is None:
+            self._tag = await self._queue.consume(self._callback)
+
+    async def pause(self) -> None:
+        tag, self._tag = self._tag, None
+        if tag is not None:
+            # The robust queue forgets the consumer even if the cancel cannot
+            # reach the broker, so a reconnect does not bring it back.
+            try:
+                await self._queue.cancel(tag)
+            except Exception as exc:  # the channel may be gone already
+                log.debug("consumer cancel not sent", error=repr(exc))
+
+
+async def ping_until_up(store: Store) -> None:
+    """Return once the store answers."""
+    pause, longest = PROBE_BACKOFF
+    while True:
+        try:
+            await store.ping()
+            return
+        except StoreUnavailable as exc:
+            log.warning("store unreachable, consumption paused", error=str(exc), retry_in=pause)
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, longest)
+
+
+class StoreGate:
+    """Closed while the store is unreachable; deliveries then go straight back."""
+
+    def __init__(self, store: Store, intake: Intake) -> None:
+        self._store = store
+        self._intake = intake
+        self._down = asyncio.Event()
+
+    @property
+    def open(self) -> bool:
+        return not self._down.is_set()
+
+    def report_down(self) -> None:
+        self._down.set()
+
+    async def watch(self, stopping: asyncio.Event) -> None:
+        """Pause on a report, resume when the store answers; until ``stopping``."""
+        while not stopping.is_set():
+            await self._down.wait()
+            await self._intake.pause()
+            await ping_until_up(self._store)
+            self._down.clear()
+            if stopping.is_set():
+                return
+            log.info("store reachable again, consumption resumed")
+            await self._intake.resume()
+
+
+async def broker_gone_for(connection: AbstractConnection, give_up: float) -> float:
+    """Return once the connection has been down longer than ``give_up`` seconds."""
+    interval = min(BROKER_CHECK_INTERVAL, give_up / 4)
+    away_since: float | None = None
+    while True:
+        if connection.connected.is_set():
+            away_since = None
+        else:
+            if away_since is None:
+                away_since = time.monotonic()
+                log.warning("broker connection lost, reconnecting", give_up_after=give_up)
+            if time.monotonic() - away_since > give_up:
+                return time.monotonic() - away_since
+        await asyncio.sleep(interval)
