@@ -1,0 +1,47 @@
+"""Watching queue depths while a test runs, to see messages pass through delay queues."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import aio_pika
+
+from consumer.topology import queue_specs
+from settings import Settings
+
+SAMPLE_EVERY = 0.02  # seconds; delay queues hold a message for 0.2 s at the least
+
+
+class DepthSampler:
+    """The largest depth each of a test's queues reached."""
+
+    def __init__(self) -> None:
+        self.peak: dict[str, int] = {}
+
+    def saw(self, queue: str) -> int:
+        return self.peak.get(queue, 0)
+
+    async def _sample(self, settings: Settings) -> None:
+        names = [spec.name for spec in queue_specs(settings)]
+        async with await aio_pika.connect(settings.amqp_url) as connection:
+            channel = await connection.channel()
+            while True:
+                for name in names:
+                    declared = await channel.declare_queue(name, passive=True)
+                    depth = int(declared.declaration_result.message_count or 0)
+                    self.peak[name] = max(self.peak.get(name, 0), depth)
+                await asyncio.sleep(SAMPLE_EVERY)
+
+
+@contextlib.asynccontextmanager
+async def sampling(settings: Settings) -> AsyncIterator[DepthSampler]:
+    sampler = DepthSampler()
+    task = asyncio.create_task(sampler._sample(settings))
+    try:
+        yield sampler
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
