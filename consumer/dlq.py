@@ -134,7 +134,9 @@ def replay_copy(message: AbstractIncomingMessage) -> aio_pika.Message:
     """A fresh, persistent copy of a dead letter with its original properties.
 
     ``user_id`` is left out: the broker rejects a publish whose user id is
-    not the publishing connection's user.
+    not the publishing connection's user. ``expiration`` is left out, as on
+    every copy semel makes: a copy that expired in the work queue would be
+    dead-lettered by it as if it were an in-progress conflict.
     """
     return aio_pika.Message(
         message.body,
@@ -145,7 +147,6 @@ def replay_copy(message: AbstractIncomingMessage) -> aio_pika.Message:
         priority=message.priority,
         correlation_id=message.correlation_id,
         reply_to=message.reply_to,
-        expiration=message.expiration,
         message_id=message.message_id,
         timestamp=message.timestamp,
         type=message.type,
