@@ -20,6 +20,7 @@ from settings import Settings, redact
 
 RECONNECT_INTERVAL = 1.0  # seconds between the robust connection's reconnect attempts
 CONNECT_TIMEOUT = 10.0
+CLOSE_TIMEOUT = 5.0
 _CONNECT_BACKOFF = (0.5, 5.0)
 
 log = structlog.get_logger("semel.broker")
@@ -56,4 +57,8 @@ async def open_connection(settings: Settings) -> AsyncIterator[AbstractRobustCon
     try:
         yield connection
     finally:
-        await connection.close()
+        # Bounded: closing a robust connection in the middle of a reconnect can stall.
+        try:
+            await asyncio.wait_for(connection.close(), CLOSE_TIMEOUT)
+        except (TimeoutError, AMQPConnectionError, OSError) as exc:
+            log.warning("broker connection not closed cleanly", error=redact(repr(exc)))

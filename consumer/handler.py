@@ -135,24 +135,35 @@ class Lease:
         return self.expires_at - time.monotonic()
 
 
-async def keep_alive(store: Store, lease: Lease) -> None:
-    """Renew ``lease`` until cancelled; return only by raising why it was lost."""
+async def keep_alive(store: Store, lease: Lease, stopped: asyncio.Event) -> None:
+    """Renew ``lease`` until ``stopped``; return early only by raising why it was lost.
+
+    ``stopped`` is checked around every call because a cancellation can be
+    lost when it lands as a store call completes (asyncio.wait_for inside
+    client libraries, Python < 3.12); a heartbeat must never outlive its run.
+    """
     interval = lease.ttl / HEARTBEATS_PER_LEASE
     delay = interval
-    while True:
+    while not stopped.is_set():
         await asyncio.sleep(delay)
+        if stopped.is_set():
+            return
         try:
             sent_at = time.monotonic()
-            if not await store.heartbeat(lease.key, lease.fence):
-                raise LeaseLost(f"claim of fence {lease.fence} was taken over")
-            lease.renewed_at = sent_at
-            delay = interval
+            renewed = await store.heartbeat(lease.key, lease.fence)
         except StoreUnavailable:
             # Keep trying while the lease still holds; past it another worker
             # may own the key, so this one must stop.
             if lease.remaining() <= 0:
                 raise
             delay = min(interval / 2, max(lease.remaining(), 0.01))
+            continue
+        if stopped.is_set():
+            return
+        if not renewed:
+            raise LeaseLost(f"claim of fence {lease.fence} was taken over")
+        lease.renewed_at = sent_at
+        delay = interval
 
 
 async def run_leased(
@@ -161,8 +172,11 @@ async def run_leased(
     """The handler's result, or its exception, :class:`HandlerTimeout`,
     :class:`LeaseLost` or :class:`StoreUnavailable` (the lease could not be kept).
     """
+    stopped = asyncio.Event()
     work = asyncio.ensure_future(invoke(handler, context))
-    heartbeat = asyncio.ensure_future(keep_alive(store, lease))
+    heartbeat = asyncio.ensure_future(keep_alive(store, lease, stopped))
+    for task in (work, heartbeat):
+        task.add_done_callback(_retrieve)
     try:
         done, _ = await asyncio.wait(
             {work, heartbeat}, timeout=time_limit, return_when=asyncio.FIRST_COMPLETED
@@ -173,9 +187,16 @@ async def run_leased(
             heartbeat.result()  # raises LeaseLost or StoreUnavailable
         raise HandlerTimeout(f"handler ran longer than {time_limit:g}s")
     finally:
+        # The heartbeat stops before the caller writes the outcome, so no late
+        # renewal can hold a released key.
+        stopped.set()
         for task in (work, heartbeat):
             task.cancel()
         await asyncio.wait({work, heartbeat}, timeout=_CANCEL_WAIT)
-        for task in (work, heartbeat):
-            if task.done() and not task.cancelled():
-                task.exception()  # consumed, so asyncio does not log it as never retrieved
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    # Outcomes of tasks cut short are deliberately dropped; asyncio would
+    # otherwise log them as "never retrieved".
+    if not task.cancelled():
+        task.exception()

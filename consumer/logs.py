@@ -42,3 +42,6 @@ def configure(log_format: LogFormat, level: int = logging.INFO) -> None:
     root.handlers[:] = [handler]
     # aio-pika logs every reconnect attempt; warnings are enough.
     root.setLevel(logging.WARNING)
+    # aiormq reports each refused connection as an error, and aio-pika and
+    # semel report the same event as a warning: one line is enough.
+    logging.getLogger("aiormq.connection").setLevel(logging.CRITICAL)

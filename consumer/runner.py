@@ -20,7 +20,7 @@ from consumer.handler import Handler
 from consumer.names import Topology
 from consumer.pipeline import Pipeline
 from consumer.settle import Settler
-from consumer.supervise import Intake, StoreGate, broker_gone_for
+from consumer.supervise import BROKER_CALL_TIMEOUT, Intake, StoreGate, broker_gone_for
 from settings import Settings
 from stores.base import Store
 from stores.errors import StoreUnavailable
@@ -98,9 +98,9 @@ class Worker:
             await self._cut_short()
             return EXIT_BROKER_GONE
         await self._drain()
-        with contextlib.suppress(Exception):
-            await publishing.close()
-            await consuming.close()
+        for channel in (publishing, consuming):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(channel.close(), BROKER_CALL_TIMEOUT)
         return EXIT_OK
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:

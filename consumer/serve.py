@@ -8,6 +8,7 @@ broker that cannot be reached is worth a restart by the supervisor (1).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import signal
 
 import structlog
@@ -18,7 +19,7 @@ from consumer.handler import HandlerLoadError
 from consumer.logs import configure
 from consumer.runner import Worker
 from consumer.topology import TopologyMismatch, declare
-from settings import ConfigError, StoreKind
+from settings import ConfigError
 from stores.errors import StoreError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -47,11 +48,11 @@ async def consume(container: Container | None = None, stop: asyncio.Event | None
     configure(settings.log_format)
     try:
         container.handler()  # a handler that cannot load stops us before any connection
-        store = await container.store()
-        if settings.store is StoreKind.SQLITE:
-            # The embedded store is a local file this process owns: create its
-            # table so `semel consume` works on a fresh checkout.
-            await store.migrate()
+        # Opened before the broker, so a store error stops start-up early. A
+        # test's Object override is not awaitable; the backend Resource is.
+        store = container.store()
+        if inspect.isawaitable(store):
+            await store
         connection = await container.connection.async_()
         await declare(connection, settings)
         worker: Worker = await container.worker.async_()

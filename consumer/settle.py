@@ -94,7 +94,11 @@ async def _publish_confirmed(
     try:
         # On a confirm channel opened with on_return_raises, an unroutable
         # copy raises PublishError and a broker NACK raises DeliveryError.
-        confirm = await exchange.publish(copy, routing_key, mandatory=True, timeout=CONFIRM_TIMEOUT)
+        # The outer bound also covers a robust channel waiting for a reconnect.
+        confirm = await asyncio.wait_for(
+            exchange.publish(copy, routing_key, mandatory=True, timeout=CONFIRM_TIMEOUT),
+            CONFIRM_TIMEOUT,
+        )
     except _BROKER_TROUBLE as exc:
         log.warning(
             "copy not confirmed", exchange=exchange.name, routing_key=routing_key, error=repr(exc)

@@ -22,6 +22,7 @@ from stores.errors import StoreUnavailable
 
 PROBE_BACKOFF = (0.2, 5.0)  # first and longest pause between store pings
 BROKER_CHECK_INTERVAL = 1.0
+BROKER_CALL_TIMEOUT = 5.0  # seconds for a broker call that must not block a stop
 
 log = structlog.get_logger("semel.supervise")
 
@@ -48,9 +49,10 @@ class Intake:
         tag, self._tag = self._tag, None
         if tag is not None:
             # The robust queue forgets the consumer even if the cancel cannot
-            # reach the broker, so a reconnect does not bring it back.
+            # reach the broker, so a reconnect does not bring it back. Bounded:
+            # a robust channel waits for a reconnect that may never come.
             try:
-                await self._queue.cancel(tag)
+                await asyncio.wait_for(self._queue.cancel(tag), BROKER_CALL_TIMEOUT)
             except Exception as exc:  # the channel may be gone already
                 log.debug("consumer cancel not sent", error=repr(exc))
 
