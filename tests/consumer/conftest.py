@@ -58,7 +58,7 @@ async def consumer_settings(
     base = make_settings(
         amqp_url=rabbitmq_server, queue=f"t.{run}.work", exchange=f"t.{run}.events", **FAST
     )
-    # The consumer creates the SQLite table itself; the other stores need `semel migrate`.
+    # Like `semel migrate` before `semel consume` (SQLite creates its table on open).
     store = await open_store(base)
     try:
         await store.migrate()

@@ -28,7 +28,7 @@ from dependency_injector import providers
 from consumer import serve
 from consumer.container import Container
 from consumer.names import Topology
-from consumer.topology import queue_specs
+from consumer.topology import declare, queue_specs
 from settings import Settings
 from stores.base import Store
 from tests.conftest import settings_env
@@ -105,6 +105,10 @@ class Broker:
             ),
             routing_key=ROUTING_KEY,
         )
+
+    async def declare(self, settings: Settings) -> None:
+        """Declare the topology as the consumer would, so a test can publish first."""
+        await declare(self.connection, settings)
 
     async def depth(self, queue: str) -> int:
         """Ready messages in ``queue`` (a passive declare)."""

@@ -1,0 +1,67 @@
+"""A store wrapper that misbehaves on demand, to put the consumer in situations
+a healthy server rarely produces: an outage of the embedded store, or a lease
+that runs out under a handler because its heartbeats never reach the store.
+"""
+
+from __future__ import annotations
+
+from stores.base import JSON, Claim, Record, Store
+from stores.errors import StoreUnavailable
+
+
+class FaultyStore(Store):
+    """Delegates to ``inner`` unless told to fail."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner.config)
+        self.inner = inner
+        self.backend = inner.backend
+        self.down = False
+        # (key, fence) claims whose heartbeats never reach the store
+        self.muted_heartbeats: set[tuple[str, int]] = set()
+        self.heartbeats = 0
+
+    def _check(self) -> None:
+        if self.down:
+            raise StoreUnavailable(self.backend, "cut by the test")
+
+    async def claim(self, key: str, fingerprint: str) -> Claim:
+        self._check()
+        return await self.inner.claim(key, fingerprint)
+
+    async def complete(self, key: str, fence: int, result: JSON) -> bool:
+        self._check()
+        return await self.inner.complete(key, fence, result)
+
+    async def release(self, key: str, fence: int) -> bool:
+        self._check()
+        return await self.inner.release(key, fence)
+
+    async def fail(self, key: str, fence: int, error: str) -> bool:
+        self._check()
+        return await self.inner.fail(key, fence, error)
+
+    async def heartbeat(self, key: str, fence: int) -> bool:
+        self._check()
+        self.heartbeats += 1
+        if (key, fence) in self.muted_heartbeats:
+            return True  # the worker believes its lease was renewed; the store never heard
+        return await self.inner.heartbeat(key, fence)
+
+    async def get(self, key: str) -> Record | None:
+        self._check()
+        return await self.inner.get(key)
+
+    async def reset(self, key: str) -> bool:
+        self._check()
+        return await self.inner.reset(key)
+
+    async def migrate(self) -> list[str]:
+        return await self.inner.migrate()
+
+    async def ping(self) -> None:
+        self._check()
+        await self.inner.ping()
+
+    async def close(self) -> None:
+        await self.inner.close()

@@ -1,0 +1,232 @@
+"""``python -m consumer`` as a real process: crashes, restarts, signals, start-up errors."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from consumer.message import fingerprint
+from consumer.names import Topology
+from consumer.topology import queue_specs
+from settings import Settings
+from stores.base import Outcome, Status, Store
+from tests.conftest import settings_env
+from tests.consumer.conftest import CONSUMER_BACKENDS, ConsumerSettings
+from tests.consumer.handlers import ALLOW_DIE_ENV, LEDGER_ENV, read_ledger
+from tests.consumer.harness import Broker, ConsumerProcess, eventually, processes
+from tests.consumer.test_delivery import only_dead_letters, runs, settle_all, status_is
+from tests.consumer.test_faults import all_completed
+from tests.servers import ROOT, free_port
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def consumer_process(settings: Settings, ledger: Path, **env: str) -> ConsumerProcess:
+    return ConsumerProcess(settings, ledger.with_suffix(".log"), **{LEDGER_ENV: str(ledger)}, **env)
+
+
+@pytest.mark.parametrize("backend", CONSUMER_BACKENDS)
+async def test_a_message_that_kills_its_worker_every_time_ends_as_poison(
+    consumer_settings: ConsumerSettings, broker: Broker, store: Store, ledger: Path
+) -> None:
+    settings = consumer_settings(max_claims=3, lock_ttl=1.0)
+    dlq = Topology(settings.queue).dead_letter_queue
+    await broker.declare(settings)
+    await broker.publish(settings, {"die": True}, key="killer")
+    deaths = 0
+    with processes() as started:
+        # A supervisor's loop: restart the worker whenever it dies.
+        while await broker.depth(dlq) == 0:
+            assert deaths <= settings.max_claims, "poison never detected"
+            worker = consumer_process(settings, ledger, **{ALLOW_DIE_ENV: "1"}).start()
+            started.append(worker)
+
+            async def exited_or_dead_lettered(worker: ConsumerProcess = worker) -> bool:
+                return worker.exited() is not None or await broker.depth(dlq) > 0
+
+            await eventually(exited_or_dead_lettered, 30, "a death or the dead letter")
+            if worker.exited() is not None:
+                assert worker.exited() == 3, worker.output()  # killed by its handler
+                deaths += 1
+        survivor = started[-1]
+        survivor.signal(signal.SIGTERM)
+        assert await survivor.wait() == 0, survivor.output()
+
+    assert deaths == settings.max_claims
+    assert [e["fence"] for e in runs(ledger, "killer")] == [1, 2, 3]
+    assert await status_is(store, "killer", Status.FAILED)
+    (letter,) = await broker.dead_letters(settings)
+    assert (letter.reason, letter.key) == ("poison", "killer")
+    assert await only_dead_letters(broker, settings, 0)
+
+
+@pytest.mark.parametrize("backend", CONSUMER_BACKENDS)
+async def test_a_restart_in_the_middle_of_a_stream_loses_nothing(
+    consumer_settings: ConsumerSettings, broker: Broker, store: Store, ledger: Path
+) -> None:
+    settings = consumer_settings(lock_ttl=1.0, prefetch=4)
+    await broker.declare(settings)
+    keys = [f"order-{i}" for i in range(40)]
+    for key in keys:
+        await broker.publish(settings, {"sleep": 0.1, "key": key}, key=key)
+    for key in keys[::4]:  # duplicates, published while the first copies are queued
+        await broker.publish(settings, {"sleep": 0.1, "key": key}, key=key)
+
+    with processes() as started:
+        first = consumer_process(settings, ledger).start()
+        started.append(first)
+
+        async def some_done() -> bool:
+            return len([e for e in read_ledger(ledger) if e["event"] == "end"]) >= 8
+
+        await eventually(some_done, 30, "the first worker under way")
+        first.kill()  # SIGKILL: no chance to release or to acknowledge
+        second = consumer_process(settings, ledger).start()
+        started.append(second)
+        await eventually(lambda: all_completed(store, keys), 40, "every key completed")
+        await settle_all(broker, settings, dead_letters=0)
+        second.signal(signal.SIGTERM)
+        assert await second.wait() == 0, second.output()
+
+    assert await only_dead_letters(broker, settings, 0)  # nothing handed back unsettled
+    starts: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for event in read_ledger(ledger):
+        if event["event"] == "start":
+            starts[event["key"]].append(event)
+    assert set(starts) == set(keys)
+    for key, runs_of_key in starts.items():
+        # A second run is explained only by the killed worker: it died before
+        # its completion reached the store.
+        earlier = runs_of_key[:-1]
+        assert all(run["pid"] == first.pid for run in earlier), (key, runs_of_key)
+        assert runs_of_key[-1]["fence"] == len(runs_of_key), (key, runs_of_key)
+
+
+@pytest.mark.parametrize("backend", CONSUMER_BACKENDS)
+async def test_sigterm_lets_short_work_finish_and_releases_the_rest(
+    consumer_settings: ConsumerSettings, broker: Broker, store: Store, ledger: Path
+) -> None:
+    # A plain (thread) handler, which cannot be cancelled; a long lease, so only
+    # a release can free the key at once.
+    settings = consumer_settings(
+        handler="tests.consumer.handlers:blocking", shutdown_grace=1.0, lock_ttl=30.0
+    )
+    await broker.declare(settings)
+    await broker.publish(settings, {"sleep": 0.5}, key="short")
+    await broker.publish(settings, {"sleep": 60}, key="stuck")
+    with processes() as started:
+        worker = consumer_process(settings, ledger).start()
+        started.append(worker)
+
+        async def both_running() -> bool:
+            return {e["key"] for e in read_ledger(ledger)} == {"short", "stuck"}
+
+        await eventually(both_running, 20, "both handlers running")
+        worker.signal(signal.SIGTERM)
+        assert await worker.wait(15) == 0, worker.output()
+
+    assert await status_is(store, "short", Status.COMPLETED)
+    again = await store.claim("stuck", fingerprint({"sleep": 60}))
+    assert again.outcome is Outcome.CLAIMED  # released, not left to its 30 s lease
+    await store.release("stuck", again.fence)
+    assert await broker.depth(settings.queue) == 1  # handed back, not lost
+    assert await broker.depth(Topology(settings.queue).dead_letter_queue) == 0
+
+
+def run_consumer(settings: Settings, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "consumer"],
+        env=settings_env(settings) | env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("queue_suffix", "argument", "value"),
+    [
+        ("", "x-queue-type", "classic"),
+        ("", "x-dead-letter-routing-key", "elsewhere"),
+        (".retry.conflict", "x-message-ttl", 60000),
+    ],
+)
+async def test_a_queue_declared_differently_stops_start_up_with_exit_2(
+    settings: Settings, broker: Broker, queue_suffix: str, argument: str, value: Any
+) -> None:
+    (spec,) = [s for s in queue_specs(settings) if s.name == settings.queue + queue_suffix]
+    arguments = spec.arguments | {argument: value}
+    if value == "classic":  # quorum-only arguments would be refused for a classic queue
+        arguments = {"x-queue-type": "classic"}
+    channel = await broker.connection.channel()
+    await channel.declare_queue(spec.name, durable=True, arguments=arguments)
+    await channel.close()
+
+    proc = await asyncio.to_thread(run_consumer, settings)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"semel: error: queue {spec.name!r}: ")
+    assert f"'{argument}'" in line or value == "classic", line
+
+
+@pytest.mark.parametrize(
+    ("env", "code", "message"),
+    [
+        ({"SEMEL_HANDLER": "tests.consumer.handlers:absent"}, 2, "SEMEL_HANDLER"),
+        ({"SEMEL_HANDLER": "tests.consumer.handlers:not_callable"}, 2, "not callable"),
+        ({"SEMEL_PREFETCH": "0"}, 2, "SEMEL_PREFETCH"),
+        ({"SEMEL_AMQP_URL": "amqp://guest:s3cret@127.0.0.1:{port}/",
+          "SEMEL_BROKER_GIVE_UP": "1"}, 1, "broker unreachable"),
+    ],
+)  # fmt: skip
+async def test_start_up_errors_are_one_line_with_their_exit_code(
+    settings: Settings, env: dict[str, str], code: int, message: str
+) -> None:
+    env = {name: value.format(port=free_port()) for name, value in env.items()}
+    proc = await asyncio.to_thread(run_consumer, settings, **env)
+    assert proc.returncode == code, proc.stderr
+    # One error line, last; a broker being waited for is logged on the way.
+    *waiting, line = proc.stderr.strip().splitlines()
+    assert line.startswith("semel: error: ")
+    assert message in line
+    assert all("retrying" in w for w in waiting), waiting
+    assert "Traceback" not in proc.stderr
+    assert "s3cret" not in proc.stderr
+
+
+async def test_the_bundled_example_handler_runs_from_the_environment_alone(
+    settings: Settings, broker: Broker, store: Store, tmp_path: Path
+) -> None:
+    """The bundled example handler with nothing but the environment, like the Procfile."""
+    default = settings.model_copy(update={"handler": "consumer.examples:order_paid"})
+    await broker.declare(default)
+    await broker.publish(default, {"order_id": "A-1", "amount": 42}, key="paid-1")
+    await broker.publish(default, {"amount": 1}, key="paid-2")  # no order id: permanent
+    with processes() as started:
+        worker = ConsumerProcess(default, tmp_path / "worker.log").start()
+        started.append(worker)
+        await eventually(lambda: status_is(store, "paid-1", Status.COMPLETED), 20, "completed")
+        await settle_all(broker, default, dead_letters=1)
+        worker.signal(signal.SIGINT)
+        assert await worker.wait() == 0, worker.output()
+    record = await store.get("paid-1")
+    assert record is not None
+    assert record.result == {
+        "order_id": "A-1", "amount": 42, "currency": "EUR", "status": "recorded"
+    }  # fmt: skip
+    (letter,) = await broker.dead_letters(default)
+    assert letter.reason == "permanent-error"
+    assert "order_id" in letter.headers["x-semel-error"]
+    # One line per settle decision, and never a body in it.
+    settled = [line for line in worker.output().splitlines() if "settled" in line]
+    assert len(settled) == 2
+    assert not any("A-1" in line or "amount" in line for line in settled)
