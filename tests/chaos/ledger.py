@@ -1,0 +1,149 @@
+"""The chaos run's handler and its side-effect ledger.
+
+``SEMEL_HANDLER=tests.chaos.ledger:handle``. Every execution is a row of a
+SQLite file (WAL mode, on the local disk, named by ``SEMEL_CHAOS_LEDGER``):
+inserted when the handler starts, stamped when it performs its one side
+effect, stamped again when it returns. The ledger is independent of the store
+under test, so its outages and restarts cannot hide an execution.
+
+The side effect *is* the ``effect`` stamp: a key with two stamped rows had its
+effect done twice. The stamp is a synchronous write inside the async handler
+on purpose: a cancellation cannot split it, so a stamped row is an effect that
+happened and an unstamped one is an effect that did not.
+
+The message body drives the handler: ``work_ms`` of work with the effect at
+the ``effect_at`` fraction of it; ``fail`` = ``"transient"`` (fails on the
+first attempt), ``"always"`` (fails every attempt) or ``"permanent"``
+(``PermanentError``), each before the effect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from consumer import PermanentError
+from consumer.handler import Context
+
+LEDGER_ENV = "SEMEL_CHAOS_LEDGER"
+BUSY_TIMEOUT = 30.0  # seconds; several worker processes append at once
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id       INTEGER PRIMARY KEY,
+    key      TEXT    NOT NULL,
+    fence    INTEGER NOT NULL,
+    attempt  INTEGER NOT NULL,
+    pid      INTEGER NOT NULL,
+    started  REAL    NOT NULL,
+    effect   REAL,
+    ended    REAL,
+    outcome  TEXT
+)
+"""
+
+_connection: sqlite3.Connection | None = None
+
+
+def connect(path: str | Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    # A SIGKILL loses nothing the OS already has; only a power cut would need FULL.
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute(SCHEMA)
+    return conn
+
+
+def _ledger() -> sqlite3.Connection:
+    global _connection
+    if _connection is None:
+        _connection = connect(os.environ[LEDGER_ENV])
+    return _connection
+
+
+def _begin(context: Context) -> int:
+    cursor = _ledger().execute(
+        "INSERT INTO runs (key, fence, attempt, pid, started) VALUES (?, ?, ?, ?, ?)",
+        (context.key, context.fence, context.attempt, os.getpid(), time.time()),
+    )
+    assert cursor.lastrowid is not None
+    return cursor.lastrowid
+
+
+def _effect(run_id: int) -> None:
+    _ledger().execute("UPDATE runs SET effect = ? WHERE id = ?", (time.time(), run_id))
+
+
+def _end(run_id: int, outcome: str) -> None:
+    _ledger().execute(
+        "UPDATE runs SET ended = ?, outcome = ? WHERE id = ?", (time.time(), outcome, run_id)
+    )
+
+
+async def _work(context: Context, run_id: int) -> Any:
+    body = context.body
+    work = float(body.get("work_ms", 10)) / 1000
+    before = work * float(body.get("effect_at", 0.5))
+    await asyncio.sleep(before)
+    fail = body.get("fail")
+    if fail == "permanent":
+        raise PermanentError("this order can never be paid")
+    if fail == "always" or (fail == "transient" and context.attempt == 1):
+        raise RuntimeError(f"payment gateway timed out on attempt {context.attempt}")
+    _effect(run_id)
+    await asyncio.sleep(work - before)
+    return {"fence": context.fence, "pid": os.getpid()}
+
+
+async def handle(context: Context) -> Any:
+    run_id = _begin(context)
+    outcome = "cancelled"  # what a cancellation (lease lost, shutdown) leaves
+    try:
+        result = await _work(context, run_id)
+        outcome = "returned"
+        return result
+    except Exception:
+        outcome = "raised"
+        raise
+    finally:
+        _end(run_id, outcome)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One execution as the ledger recorded it (wall-clock seconds)."""
+
+    key: str
+    fence: int
+    attempt: int
+    pid: int
+    started: float
+    effect: float | None
+    ended: float | None
+    outcome: str | None
+
+
+def read_runs(path: str | Path) -> list[Run]:
+    if not Path(path).exists():
+        return []
+    conn = connect(path)
+    try:
+        rows = conn.execute(
+            "SELECT key, fence, attempt, pid, started, effect, ended, outcome FROM runs ORDER BY id"
+        ).fetchall()
+    finally:
+        conn.close()
+    return [Run(*row) for row in rows]
+
+
+def in_flight(conn: sqlite3.Connection, pid: int, *, after_effect: bool) -> int:
+    """Executions of ``pid`` running now; ``after_effect``: only those past their effect."""
+    condition = "effect IS NOT NULL" if after_effect else "1"
+    query = f"SELECT count(*) FROM runs WHERE pid = ? AND ended IS NULL AND {condition}"
+    count: int = conn.execute(query, (pid,)).fetchone()[0]
+    return count

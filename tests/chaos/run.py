@@ -1,0 +1,327 @@
+"""One chaos run against one store: servers, workers, traffic, faults, drain, verdict.
+
+The timeline is laid out over the expected publishing time ``flow``: worker
+kills spread over 10-85 % of it, the broker restart at 30 %, the store outage
+at 60 %, so every fault lands while messages flow. After the producer is done
+the run waits (up to the drain deadline) until every key is completed in the
+store or dead-lettered and the work, retry and conflict queues are empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import shutil
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+
+from consumer.names import Topology
+from consumer.topology import declare
+from settings import Settings
+from stores.base import Record, Status, Store
+from stores.errors import StoreError
+from tests.chaos.ledger import LEDGER_ENV, read_runs
+from tests.chaos.producer import Order, Publisher, Sent, plan, produce
+from tests.chaos.servers import RabbitNode, StoreServer, private_dir, start_store
+from tests.chaos.verdict import Verdict, duplicates_of, judge, read_settled
+from tests.chaos.workers import Pool
+from tests.conftest import open_store, settings_env
+from tests.consumer.harness import Broker
+from tests.servers import aws_test_credentials
+
+log = logging.getLogger("semel.chaos")
+
+STORE_CALL_LIMIT = 3.0  # seconds the orchestrator waits for one store read
+READ_CONCURRENCY = 16
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosConfig:
+    store: str
+    messages: int = 3000
+    workers: int = 2
+    kills: int = 12
+    seed: int = 1
+    rate: float = 100.0  # messages per second, copies included
+    duplicates: float = 0.4  # share of the messages that are copies
+    prefetch: int = 32
+    broker_down: float = 3.0  # seconds between stop_app and start_app
+    outage: float = 6.0  # seconds the store is away; longer than the lease on purpose
+    lock_ttl: float = 2.5
+    conflict_delay: float = 0.75
+    retry_delays: tuple[float, ...] = (0.25, 0.75)
+    drain_deadline: float = 180.0
+    keep: Path | None = None  # copy the ledger and worker logs here
+
+
+@dataclass(slots=True)
+class Report:
+    """Everything the table shows for one store."""
+
+    store: str
+    sent: Sent
+    verdict: Verdict
+    kills: int = 0
+    kills_after_effect: int = 0
+    restarts: int = 0
+    exits: int = 0  # restarts of workers that exited by themselves
+    broker_restarts: int = 0
+    outages: int = 0
+    outage_kind: str = ""
+    executions: int = 0
+    effects: int = 0
+    dlq_messages: int = 0
+    left_in_queues: int = 0
+    drained: bool = False
+    wall: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.drained and self.verdict.ok
+
+
+def chaos_settings(
+    config: ChaosConfig, node: RabbitNode, server: StoreServer, run: str
+) -> Settings:
+    overrides: dict[str, Any] = {
+        "amqp_url": node.url,
+        "queue": f"chaos.{run}.work",
+        "exchange": f"chaos.{run}.events",
+        "key_prefix": run,
+        "handler": "tests.chaos.ledger:handle",
+        "lock_ttl": config.lock_ttl,
+        "conflict_delay": config.conflict_delay,
+        "retry_delays": list(config.retry_delays),
+        "max_attempts": 3,
+        "retention": 3600,
+        "max_claims": 10,
+        "handler_timeout": 30,
+        "shutdown_grace": 5,
+        "broker_give_up": 120,
+        "prefetch": config.prefetch,
+        "metrics_port": 0,
+        "log_format": "json",
+    }
+    return Settings(**(overrides | server.settings()))
+
+
+async def _bounded(store_call: Awaitable[Record | None]) -> Record | None:
+    return await asyncio.wait_for(store_call, STORE_CALL_LIMIT)
+
+
+async def statuses(store: Store, keys: Iterable[str]) -> dict[str, Status | None]:
+    """Each key's status in the store; a key whose read fails counts as unknown (None)."""
+    limit = asyncio.Semaphore(READ_CONCURRENCY)
+
+    async def one(key: str) -> tuple[str, Status | None]:
+        async with limit:
+            try:
+                record = await _bounded(store.get(key))
+            except (StoreError, TimeoutError):
+                return key, None
+            return key, None if record is None else record.status
+
+    return dict(await asyncio.gather(*(one(k) for k in keys)))
+
+
+def done_checker(store: Store) -> Callable[[str], Awaitable[bool]]:
+    async def is_done(key: str) -> bool:
+        found = await statuses(store, [key])
+        return found[key] in (Status.COMPLETED, Status.FAILED)
+
+    return is_done
+
+
+class Timeline:
+    """The faults, started at their moments of the flow, with their wall-clock windows."""
+
+    def __init__(self, config: ChaosConfig, flow: float, rng: random.Random) -> None:
+        self.config, self.flow, self.rng = config, flow, rng
+        self.outages: list[tuple[float, float]] = []
+        self.started = time.monotonic()
+
+    async def _at(self, share: float) -> None:
+        await asyncio.sleep(max(0.0, self.started + share * self.flow - time.monotonic()))
+
+    async def kills(self, pool: Pool) -> None:
+        count = self.config.kills
+        for n in range(count):
+            await self._at(0.1 + 0.75 * n / max(1, count - 1))
+            # Two in three aim past the effect: those are the kills that can duplicate it.
+            kill = await pool.kill_mid_handler(self.rng, after_effect=n % 3 != 2)
+            if kill is None:
+                log.warning("kill %d: no handler in flight to cut short", n + 1)
+            else:
+                log.info("kill %d: pid %d, %d handlers in flight", n + 1, kill.pid, kill.in_flight)
+
+    async def broker_and_store(self, node: RabbitNode, server: StoreServer) -> None:
+        await self._at(0.3)
+        log.info("broker: stop_app")
+        await node.restart(self.config.broker_down)
+        log.info("broker: started again")
+        if server.can_fail:
+            await self._at(0.6)
+            log.info("store: outage of %gs begins", self.config.outage)
+            began = time.time()
+            await server.outage(self.config.outage)
+            self.outages.append((began, time.time()))
+            log.info("store: back")
+
+
+async def wait_for_consumers(observer: Broker, queue: str, count: int, deadline: float) -> None:
+    end = time.monotonic() + deadline
+    while await observer.consumers(queue) < count:
+        if time.monotonic() > end:
+            raise RuntimeError(f"{count} workers not consuming {queue} after {deadline:g}s")
+        await asyncio.sleep(0.2)
+
+
+class Drain:
+    """Waits until every key is settled, reading the DLQ and the store as it goes."""
+
+    def __init__(self, observer: Broker, store: Store, settings: Settings, keys: list[str]) -> None:
+        self.observer, self.store, self.settings = observer, store, settings
+        self.keys = keys
+        self.dead: dict[str, set[str]] = defaultdict(set)
+        self.dlq_messages = 0
+        self.completed: set[str] = set()
+
+    async def read_dlq(self) -> None:
+        for letter in await self.observer.dead_letters(self.settings):
+            self.dead[letter.key].add(letter.reason)
+            self.dlq_messages += 1
+
+    async def busy(self) -> int:
+        """Messages waiting in the work, retry and conflict queues."""
+        dlq = Topology(self.settings.queue).dead_letter_queue
+        depths = await self.observer.depths(self.settings)
+        return sum(depth for name, depth in depths.items() if name != dlq)
+
+    async def until_settled(self, deadline: float) -> bool:
+        end = time.monotonic() + deadline
+        pending = set(self.keys)
+        while True:
+            await self.read_dlq()
+            pending -= self.dead.keys()
+            found = await statuses(self.store, pending)
+            pending -= {k for k, status in found.items() if status is Status.COMPLETED}
+            if not pending and await self.busy() == 0:
+                return True
+            if time.monotonic() > end:
+                return False
+            await asyncio.sleep(0.5)
+
+    async def final(self) -> None:
+        await self.read_dlq()
+        found = await statuses(self.store, self.keys)
+        self.completed = {k for k, status in found.items() if status is Status.COMPLETED}
+
+
+async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Report:
+    """Run one store's chaos; ``node`` is a private broker to reuse (started if absent)."""
+    began = time.monotonic()
+    aws_test_credentials()
+    rng = random.Random(config.seed)
+    run = f"c{uuid.uuid4().hex[:8]}"
+    async with contextlib.AsyncExitStack() as stack:
+        if node is None:
+            node = await RabbitNode.start()
+            stack.callback(node.stop)
+        restarts_before = node.restarts
+        server = await start_store(config.store)
+        stack.push_async_callback(server.stop)
+        workdir = private_dir("semel-chaos-run-")
+        stack.callback(shutil.rmtree, workdir, True)
+        settings = chaos_settings(config, node, server, run)
+        store = await open_store(settings)
+        stack.push_async_callback(store.close)
+        await store.migrate()
+        connection = await aio_pika.connect(node.url)
+        await declare(connection, settings)
+        await connection.close()
+
+        ledger = workdir / "ledger.db"
+        env = settings_env(settings) | {LEDGER_ENV: str(ledger), "PYTHONUNBUFFERED": "1"}
+        pool = Pool(config.workers, env, workdir / "logs", ledger)
+        stack.push_async_callback(pool.stop)
+        if config.keep is not None:
+            stack.push_async_callback(_keep, workdir, config.keep / config.store)
+        pool.start()
+        observer = await Broker.connect(node.url)
+        await wait_for_consumers(observer, settings.queue, config.workers, 60)
+        await observer.close()
+
+        orders = plan(config.messages, config.duplicates, run, rng)
+        flow = sum(1 + order.copies for order in orders) / config.rate
+        timeline = Timeline(config, flow, rng)
+        log.info("%s: %d workers consuming; publishing for about %.0fs", config.store,
+                 config.workers, flow)  # fmt: skip
+        supervisor = asyncio.create_task(pool.supervise())
+        publisher = Publisher(node.url, settings.exchange)
+        stack.push_async_callback(publisher.close)
+        try:
+            sent, *_ = await asyncio.gather(
+                produce(publisher, orders, config.rate, done_checker(store), rng),
+                timeline.kills(pool),
+                timeline.broker_and_store(node, server),
+            )
+            log.info("producer done (%d confirmed); draining", sent.total)
+            observer = await Broker.connect(node.url)
+            stack.push_async_callback(observer.close)
+            drain = Drain(observer, store, settings, [order.key for order in orders])
+            drained = await drain.until_settled(config.drain_deadline)
+        finally:
+            await pool.stop()
+            supervisor.cancel()
+        log.info("drained: %s; workers stopped", drained)
+        await drain.final()
+        left = await drain.busy()
+        report = _report(config, orders, sent, pool, drain, timeline, server)
+        report.broker_restarts = node.restarts - restarts_before
+        report.drained, report.left_in_queues = drained, left
+        report.wall = time.monotonic() - began
+        return report
+    raise AssertionError("unreachable")  # mypy: AsyncExitStack may swallow exceptions
+
+
+def _report(
+    config: ChaosConfig,
+    orders: list[Order],
+    sent: Sent,
+    pool: Pool,
+    drain: Drain,
+    timeline: Timeline,
+    server: StoreServer,
+) -> Report:
+    runs = read_runs(pool.ledger)
+    settled = read_settled(pool.log_files)
+    duplicates = duplicates_of(runs, settled, pool.kills, timeline.outages)
+    verdict = judge([o.key for o in orders], drain.completed, drain.dead, duplicates)
+    return Report(
+        store=config.store,
+        sent=sent,
+        verdict=verdict,
+        kills=len(pool.kills),
+        kills_after_effect=sum(1 for k in pool.kills if k.after_effect),
+        restarts=pool.restarts,
+        exits=len(pool.exits),
+        outages=len(timeline.outages),
+        outage_kind=server.outage_kind,
+        executions=len(runs),
+        effects=sum(1 for r in runs if r.effect is not None),
+        dlq_messages=drain.dlq_messages,
+    )
+
+
+async def _keep(workdir: Path, target: Path) -> None:
+    await asyncio.to_thread(shutil.copytree, workdir, target, dirs_exist_ok=True)

@@ -1,0 +1,102 @@
+"""The chaos run's result table: one row per figure, one column per store."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rich.table import Table
+
+from tests.chaos.run import Report
+from tests.chaos.verdict import KILLED, OUTAGE, UNEXPLAINED
+
+
+def _dead_lettered(report: Report) -> str:
+    reasons = report.verdict.dead_lettered
+    listed = ", ".join(f"{reason} {count}" for reason, count in reasons.items())
+    total = sum(reasons.values())
+    return f"{total} ({listed})" if listed else "0"
+
+
+def _sent(report: Report) -> str:
+    sent = report.sent
+    duplicates = sent.total - sent.originals
+    share = duplicates / sent.total if sent.total else 0.0
+    return f"{sent.total} ({duplicates} duplicates, {share:.0%})"
+
+
+def _copies(report: Report) -> str:
+    sent = report.sent
+    text = f"{sent.concurrent_copies} concurrent, {sent.late_copies} late after completion"
+    if sent.late_before_done:
+        text += f", {sent.late_before_done} late before completion"
+    if sent.resends:
+        text += f", {sent.resends} resent unconfirmed"
+    return text
+
+
+def _kills(report: Report) -> str:
+    return f"{report.kills} ({report.kills_after_effect} aimed after the effect)"
+
+
+def _restarts(report: Report) -> str:
+    if not report.exits:
+        return str(report.restarts)
+    return f"{report.restarts} ({report.exits} after exiting by themselves)"
+
+
+def _outages(report: Report) -> str:
+    return f"{report.outages}: {report.outage_kind}" if report.outages else report.outage_kind
+
+
+def _verdict(report: Report) -> str:
+    if report.ok:
+        return "PASS"
+    why = []
+    if not report.drained:
+        why.append("drain deadline missed")
+    if report.verdict.lost:
+        why.append("keys lost")
+    if report.verdict.count(UNEXPLAINED):
+        why.append("unexplained duplicates")
+    return "FAIL: " + ", ".join(why)
+
+
+ROWS: list[tuple[str, Callable[[Report], object]]] = [
+    ("messages sent", _sent),
+    ("  copies", _copies),
+    ("distinct keys", lambda r: r.verdict.keys),
+    ("workers SIGKILLed mid-handler", _kills),
+    ("worker restarts", _restarts),
+    ("broker restarts (stop_app/start_app)", lambda r: r.broker_restarts),
+    ("store outages", _outages),
+    ("handler executions / effects", lambda r: f"{r.executions} / {r.effects}"),
+    ("keys completed", lambda r: r.verdict.completed),
+    ("keys dead-lettered (by reason)", _dead_lettered),
+    ("lost (neither completed nor in Q.dlq)", lambda r: len(r.verdict.lost)),
+    ("duplicate effects, explained (killed after effect, before completion)",
+     lambda r: r.verdict.count(KILLED)),
+    ("duplicate effects, lease expired during the store outage", lambda r: r.verdict.count(OUTAGE)),
+    ("duplicate effects, unexplained", lambda r: r.verdict.count(UNEXPLAINED)),
+    ("left in work/retry queues at the end", lambda r: r.left_in_queues),
+    ("wall time", lambda r: f"{r.wall:.1f} s"),
+    ("verdict", _verdict),
+]  # fmt: skip
+
+
+def render(reports: list[Report]) -> Table:
+    table = Table(title="semel chaos run", show_lines=False)
+    table.add_column("figure")
+    for report in reports:
+        table.add_column(report.store, overflow="fold")
+    for label, value in ROWS:
+        table.add_row(label, *(str(value(report)) for report in reports))
+    return table
+
+
+def evidence(report: Report, limit: int = 20) -> list[str]:
+    """Lines naming each lost key and each duplicate effect that is not a plain kill."""
+    lines = [f"{report.store}: lost {key}" for key in report.verdict.lost[:limit]]
+    for dup in report.verdict.duplicates:
+        if dup.cause != KILLED:
+            lines.append(f"{report.store}: {dup.cause} {dup.key} fence {dup.fence}: {dup.evidence}")
+    return lines[: limit * 2]

@@ -1,0 +1,77 @@
+"""The chaos run, reduced: every store, a few hundred messages, every fault once or twice.
+
+Each store gets two workers, two SIGKILLs mid-handler, one broker restart and
+one store outage longer than the lease (SQLite has no server to stop), on a
+private RabbitMQ node shared by the four runs. ``python -m tests.chaos`` is
+the full run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from tests.chaos.run import ChaosConfig, Report, run_chaos
+from tests.chaos.servers import RabbitNode
+from tests.chaos.table import evidence, render
+from tests.chaos.verdict import UNEXPLAINED
+
+pytestmark = pytest.mark.slow
+
+STORES = ["sqlite", "postgres", "redis", "dynamodb"]
+
+
+@pytest.fixture(scope="module")
+def private_broker() -> Iterator[RabbitNode]:
+    node = asyncio.run(RabbitNode.start())
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+def show(report: Report) -> str:
+    console = Console(width=120, record=True)
+    console.print(render([report]))
+    for line in evidence(report):
+        console.print(line, markup=False)
+    return console.export_text()
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("store", STORES)
+async def test_effectively_once_under_faults(
+    store: str, private_broker: RabbitNode, tmp_path: Path
+) -> None:
+    config = ChaosConfig(
+        store=store,
+        messages=300,
+        workers=2,
+        kills=2,
+        seed=7,
+        rate=40,
+        broker_down=2.0,
+        outage=4.0,
+        drain_deadline=60,
+        keep=tmp_path,
+    )
+    report = await run_chaos(config, private_broker)
+    table = show(report)
+    print(table)  # shown by pytest when the test fails
+
+    assert report.drained, f"keys still unsettled after the drain deadline\n{table}"
+    assert report.verdict.lost == [], table
+    assert report.verdict.count(UNEXPLAINED) == 0, table
+    # The faults did happen, while messages flowed.
+    assert report.kills == config.kills, table
+    assert report.restarts >= config.kills, table
+    assert report.broker_restarts == 1, table
+    assert report.outages == (0 if store == "sqlite" else 1), table
+    sent = report.sent
+    assert (sent.total - sent.originals) / sent.total >= 0.3, table
+    assert sent.concurrent_copies > 0, table
+    assert sent.late_copies > 0, table

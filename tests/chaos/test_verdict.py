@@ -1,0 +1,118 @@
+"""The chaos run's bookkeeping, without servers: the plan and every cause of a duplicate."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.ledger import Run
+from tests.chaos.producer import plan
+from tests.chaos.verdict import (
+    KILLED,
+    OUTAGE,
+    UNEXPLAINED,
+    Settled,
+    duplicates_of,
+    judge,
+    read_settled,
+)
+from tests.chaos.workers import Kill
+
+pytestmark = pytest.mark.timeout(10)
+
+T0 = 1_000.0
+OUTAGE_WINDOW = (T0 + 10, T0 + 16)
+
+
+def run(fence: int, pid: int, started: float, effect: float | None = None) -> Run:
+    effect = started + 0.01 if effect is None else effect
+    return Run("k", fence, 1, pid, started, effect, effect + 0.01, "returned")
+
+
+def settle(fence: int, pid: int, outcome: str, at: float, duration: float) -> Settled:
+    return Settled("k", fence, outcome, at, pid, duration)
+
+
+def causes(runs: list[Run], settled: list[Settled], kills: list[Kill]) -> list[str]:
+    return [d.cause for d in duplicates_of(runs, settled, kills, [OUTAGE_WINDOW])]
+
+
+def test_plan_sends_the_asked_share_of_duplicates_half_concurrent_half_late() -> None:
+    orders = plan(1000, 0.4, "r", random.Random(3))
+    assert len(orders) == 600
+    assert len({o.key for o in orders}) == 600
+    assert sum(o.copies for o in orders) == 200
+    assert sum(o.late for o in orders) == 200
+    assert any(o.body.get("fail") == "permanent" for o in orders)
+    assert plan(1000, 0.4, "r", random.Random(3)) == orders  # a seed replays a run
+
+
+def test_a_single_effect_is_no_duplicate() -> None:
+    assert causes([run(1, 10, T0)], [], []) == []
+
+
+def test_an_effect_cut_short_by_a_kill_after_it_is_explained() -> None:
+    runs = [run(1, 10, T0), run(2, 11, T0 + 3)]
+    assert causes(runs, [], [Kill(10, T0 + 0.5, 1, True)]) == [KILLED]
+
+
+def test_a_kill_before_the_effect_explains_nothing() -> None:
+    runs = [run(1, 10, T0 + 1), run(2, 11, T0 + 3)]
+    assert causes(runs, [], [Kill(10, T0 + 0.5, 1, True)]) == [UNEXPLAINED]
+
+
+def test_a_rerun_without_kill_or_outage_is_unexplained() -> None:
+    assert causes([run(1, 10, T0), run(2, 10, T0 + 3)], [], []) == [UNEXPLAINED]
+
+
+def test_two_effects_under_one_fence_are_unexplained_even_with_a_kill() -> None:
+    runs = [run(1, 10, T0), run(1, 11, T0 + 3)]
+    assert causes(runs, [], [Kill(10, T0 + 0.5, 1, True)]) == [UNEXPLAINED]
+
+
+def test_a_completed_delivery_run_again_is_unexplained_even_if_killed_later() -> None:
+    runs = [run(1, 10, T0), run(2, 11, T0 + 3)]
+    settled = [settle(1, 10, "completed-ack-lost", T0 + 0.1, 0.1)]
+    assert causes(runs, settled, [Kill(10, T0 + 1, 1, True)]) == [UNEXPLAINED]
+
+
+def test_a_delivery_handed_back_during_the_store_outage_has_its_own_cause() -> None:
+    runs = [run(1, 10, T0 + 9), run(2, 11, T0 + 17)]
+    settled = [settle(1, 10, "store-unavailable", T0 + 10.6, 1.6)]
+    assert causes(runs, settled, []) == [OUTAGE]
+
+
+def test_a_delivery_handed_back_with_no_outage_is_unexplained() -> None:
+    runs = [run(1, 10, T0), run(2, 11, T0 + 3)]
+    settled = [settle(1, 10, "store-unavailable", T0 + 1.6, 1.6)]
+    assert causes(runs, settled, []) == [UNEXPLAINED]
+
+
+def test_a_concurrent_copy_meeting_the_execution_is_not_its_settle() -> None:
+    runs = [run(1, 10, T0), run(2, 11, T0 + 3)]
+    settled = [settle(1, 10, "in-progress", T0 + 0.02, 0.03)]
+    assert causes(runs, settled, [Kill(10, T0 + 0.5, 1, True)]) == [KILLED]
+
+
+def test_lost_keys_are_those_neither_completed_nor_dead_lettered() -> None:
+    verdict = judge(["a", "b", "c", "d"], {"a"}, {"b": {"permanent-error"}}, [])
+    assert sorted(verdict.lost) == ["c", "d"]
+    assert verdict.dead_lettered == {"permanent-error": 1}
+    assert not verdict.ok
+    assert judge(["a"], {"a"}, {}, []).ok
+
+
+def test_settle_lines_are_read_from_json_logs_and_cut_lines_skipped(tmp_path: Path) -> None:
+    log = tmp_path / "worker.log"
+    log.write_text(
+        '{"key": "k", "fence": 2, "outcome": "completed", "duration_ms": 250.0,'
+        ' "event": "settled", "timestamp": "2026-01-01T00:00:01.500000Z"}\n'
+        '{"event": "consuming", "timestamp": "2026-01-01T00:00:00Z"}\n'
+        '{"key": "k", "fence": 3, "outcome": "sett'
+    )
+    [found] = read_settled({42: log})
+    assert (found.key, found.fence, found.outcome, found.pid) == ("k", 2, "completed", 42)
+    assert found.duration == pytest.approx(0.25)
+    assert found.at == pytest.approx(1767225601.5)

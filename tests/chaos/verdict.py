@@ -1,0 +1,188 @@
+"""Counting what a chaos run did: lost keys and duplicate side effects, each with its cause.
+
+Pure functions over what the run collected (ledger rows, kills, store
+outages, the workers' settle log lines, the store's records, the DLQ), so
+the classification is tested without any server.
+
+A key has a duplicate effect when the ledger holds more than one stamped
+effect for it. Every effect but the last was *superseded*: its execution did
+not get its completion into the store, and a later claim ran the handler
+again. Each superseded effect gets one cause, and only these count as
+understood:
+
+* ``killed`` -- its process was SIGKILLed after the effect, and its worker
+  never logged the delivery as settled: killed between effect and completion,
+  the at-least-once boundary no consumer can close.
+* ``lease-expired-in-outage`` -- its worker logged the delivery as handed
+  back because the store could not be reached (or the lease was lost), and
+  the execution overlapped a store outage: the lease ran out while the store
+  was away, so the key went to the next claim.
+
+Anything else -- two effects under one fence, a superseded execution whose
+delivery settled as completed, a lease lost with no outage -- is
+``unexplained`` and fails the run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from tests.chaos.ledger import Run
+from tests.chaos.workers import Kill
+
+KILLED = "killed"
+OUTAGE = "lease-expired-in-outage"
+UNEXPLAINED = "unexplained"
+# Settle outcomes that hand a claimed delivery back without completing it.
+HANDED_BACK = ("store-unavailable", "lease-lost", "fenced-out")
+# Outcomes decided by the claim alone: a copy that met the execution, not its end.
+CLAIM_ONLY = ("in-progress", "duplicate")
+CLOCK_SLACK = 0.05  # seconds: log timestamps and ledger stamps are taken a moment apart
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """A worker's ``settled`` log line for one delivery."""
+
+    key: str
+    fence: int | None
+    outcome: str
+    at: float  # wall clock
+    pid: int
+    duration: float = 0.0  # seconds from the delivery's arrival to its settle
+
+    def ran(self, run: Run) -> bool:
+        """Whether this settle ended the delivery that ``run`` executed."""
+        arrived = self.at - self.duration - CLOCK_SLACK
+        return self.pid == run.pid and self.fence == run.fence and arrived <= run.started <= self.at
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """A superseded effect, its cause and the evidence for it."""
+
+    key: str
+    fence: int
+    pid: int
+    cause: str
+    evidence: str
+
+
+@dataclass(slots=True)
+class Verdict:
+    keys: int
+    completed: int
+    dead_lettered: dict[str, int]  # distinct keys per x-semel-reason
+    lost: list[str]
+    duplicates: list[Duplicate] = field(default_factory=list)
+
+    def count(self, cause: str) -> int:
+        return sum(1 for d in self.duplicates if d.cause == cause)
+
+    @property
+    def ok(self) -> bool:
+        return not self.lost and self.count(UNEXPLAINED) == 0
+
+
+def read_settled(log_files: Mapping[int, Path]) -> list[Settled]:
+    """The ``settled`` events of every worker's JSON log (killed ones included)."""
+    found = []
+    for pid, path in log_files.items():
+        for line in path.read_text(errors="replace").splitlines():
+            if '"settled"' not in line:
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # a line cut by SIGKILL
+            if event.get("event") != "settled" or event.get("key") is None:
+                continue
+            at = datetime.fromisoformat(event["timestamp"]).timestamp()
+            duration = float(event.get("duration_ms", 0)) / 1000
+            found.append(
+                Settled(event["key"], event.get("fence"), event["outcome"], at, pid, duration)
+            )
+    return found
+
+
+def _overlaps(start: float, end: float, windows: Iterable[tuple[float, float]]) -> bool:
+    return any(start <= w_end and end >= w_start for w_start, w_end in windows)
+
+
+def classify(
+    effect: Run,
+    settled: list[Settled],
+    kills: Iterable[Kill],
+    outages: Iterable[tuple[float, float]],
+) -> tuple[str, str]:
+    """Why ``effect`` did not end in a completion: (cause, evidence)."""
+    assert effect.effect is not None
+    outcomes = [s for s in settled if s.ran(effect) and not s.outcome.startswith(CLAIM_ONLY)]
+    if outcomes:
+        last = outcomes[-1]
+        if last.outcome.startswith(HANDED_BACK) and _overlaps(effect.started, last.at, outages):
+            return OUTAGE, f"pid {effect.pid} settled it as {last.outcome!r} during a store outage"
+        return UNEXPLAINED, f"pid {effect.pid} settled fence {effect.fence} as {last.outcome!r}"
+    killed = [k for k in kills if k.pid == effect.pid and k.at >= effect.effect]
+    if killed:
+        after = killed[0].at - effect.effect
+        return KILLED, f"pid {effect.pid} SIGKILLed {after:.3f}s after the effect"
+    return UNEXPLAINED, f"pid {effect.pid} neither killed after the effect nor settled"
+
+
+def duplicates_of(
+    runs: Iterable[Run],
+    settled: Iterable[Settled],
+    kills: Iterable[Kill],
+    outages: Iterable[tuple[float, float]],
+) -> list[Duplicate]:
+    """Every superseded effect with its cause."""
+    effects: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        if run.effect is not None:
+            effects[run.key].append(run)
+    by_key: dict[str, list[Settled]] = defaultdict(list)
+    for event in settled:
+        by_key[event.key].append(event)
+    kills, outages = list(kills), list(outages)
+    found = []
+    for key, done in effects.items():
+        done.sort(key=lambda run: run.effect or 0.0)
+        fences = Counter(run.fence for run in done)
+        for run in done[:-1]:
+            if fences[run.fence] > 1:
+                cause, evidence = (
+                    UNEXPLAINED,
+                    f"{fences[run.fence]} effects under fence {run.fence}",
+                )
+            else:
+                cause, evidence = classify(run, by_key[key], kills, outages)
+            found.append(Duplicate(key, run.fence, run.pid, cause, evidence))
+    return found
+
+
+def judge(
+    keys: Iterable[str],
+    completed: set[str],
+    dead_letters: Mapping[str, set[str]],
+    duplicates: list[Duplicate],
+) -> Verdict:
+    """``dead_letters``: key -> the reasons its dead letters carry."""
+    keys = list(keys)
+    reasons: Counter[str] = Counter()
+    for key in keys:
+        for reason in dead_letters.get(key, ()):
+            reasons[reason] += 1
+    lost = [k for k in keys if k not in completed and k not in dead_letters]
+    return Verdict(
+        keys=len(keys),
+        completed=sum(1 for k in keys if k in completed),
+        dead_lettered=dict(sorted(reasons.items())),
+        lost=lost,
+        duplicates=duplicates,
+    )

@@ -1,0 +1,164 @@
+"""The consumer processes of a chaos run: started, killed mid-handler, restarted.
+
+Each worker is ``python -m consumer`` in its own process group with JSON
+logs in a file of its own; the logs are evidence later (which delivery of
+which key settled how). A killed worker is restarted at once, like a
+supervisor would; one that exits by itself is restarted too and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.chaos.ledger import in_flight
+from tests.chaos.servers import on_exit
+from tests.servers import ROOT
+
+STOP_WAIT = 20.0  # seconds a SIGTERMed worker gets before SIGKILL
+
+
+@dataclass(frozen=True, slots=True)
+class Kill:
+    """One SIGKILL: whose, when (wall clock), and what it cut short."""
+
+    pid: int
+    at: float
+    in_flight: int
+    after_effect: bool  # aimed at a handler past its side effect
+
+
+@dataclass(frozen=True, slots=True)
+class Exit:
+    """A worker that ended without being killed by the run."""
+
+    pid: int
+    code: int
+
+
+class Worker:
+    """One slot: a consumer process, replaced whenever it dies."""
+
+    def __init__(self, slot: int, env: dict[str, str], logs: Path) -> None:
+        self.slot = slot
+        self.env = env
+        self.logs = logs
+        self.generation = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_files: dict[int, Path] = {}
+
+    def start(self) -> None:
+        self.generation += 1
+        log = self.logs / f"worker-{self.slot}.{self.generation}.log"
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "consumer"],
+                env=self.env,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.log_files[self.proc.pid] = log
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait(self, limit: float) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(limit)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+
+class Pool:
+    """``count`` workers, a ledger to aim kills with, and the record of what happened."""
+
+    def __init__(self, count: int, env: dict[str, str], logs: Path, ledger: Path) -> None:
+        logs.mkdir(parents=True, exist_ok=True)
+        self.workers = [Worker(slot, env, logs) for slot in range(count)]
+        self.ledger = ledger
+        self.kills: list[Kill] = []
+        self.exits: list[Exit] = []
+        self.restarts = 0
+        self._stopping = False
+        on_exit(self.kill_all)
+
+    def start(self) -> None:
+        for worker in self.workers:
+            worker.start()
+
+    @property
+    def log_files(self) -> dict[int, Path]:
+        return {pid: path for w in self.workers for pid, path in w.log_files.items()}
+
+    async def supervise(self) -> None:
+        """Restart workers that exit by themselves, until :meth:`stop`."""
+        while not self._stopping:
+            for worker in self.workers:
+                if worker.proc is not None and (code := worker.proc.poll()) is not None:
+                    self.exits.append(Exit(worker.pid, code))
+                    worker.start()
+                    self.restarts += 1
+            await asyncio.sleep(0.2)
+
+    async def kill_mid_handler(
+        self, rng: random.Random, *, after_effect: bool, deadline: float = 30.0
+    ) -> Kill | None:
+        """SIGKILL a random worker while the ledger shows one of its handlers running."""
+        conn = sqlite3.connect(f"file:{self.ledger}?mode=ro", uri=True, timeout=5)
+        end = time.monotonic() + deadline
+        try:
+            while time.monotonic() < end and not self._stopping:
+                candidates = [w for w in self.workers if w.alive()]
+                rng.shuffle(candidates)
+                for worker in candidates:
+                    with contextlib.suppress(sqlite3.Error):  # the ledger may not exist yet
+                        running = in_flight(conn, worker.pid, after_effect=after_effect)
+                        if running:
+                            return self._kill(worker, running, after_effect)
+                await asyncio.sleep(0.01)
+        finally:
+            conn.close()
+        return None
+
+    def _kill(self, worker: Worker, running: int, after_effect: bool) -> Kill:
+        pid = worker.pid
+        kill = Kill(pid, time.time(), running, after_effect)
+        worker.kill()
+        self.kills.append(kill)
+        worker.start()
+        self.restarts += 1
+        return kill
+
+    async def stop(self) -> None:
+        """SIGTERM every worker (they finish or hand back what they hold), then SIGKILL."""
+        self._stopping = True
+        for worker in self.workers:
+            if worker.proc is not None and worker.alive():
+                worker.proc.send_signal(signal.SIGTERM)
+        await asyncio.gather(*(asyncio.to_thread(w.wait, STOP_WAIT) for w in self.workers))
+        self.kill_all()
+
+    def kill_all(self) -> None:
+        for worker in self.workers:
+            worker.kill()
