@@ -31,5 +31,5 @@ def order_paid(context: Context) -> dict[str, Any]:
     if not isinstance(amount, int | float) or isinstance(amount, bool) or amount < 0:
         raise PermanentError(f"order {order_id}: amount must be a non-negative number")
     currency = body.get("currency", "EUR")
-    log.info("order paid", order_id=order_id, key=context.key, fence=context.fence)
+    log.debug("order paid", key=context.key, fence=context.fence)
     return {"order_id": order_id, "amount": amount, "currency": currency, "status": "recorded"}

@@ -1,10 +1,9 @@
 """One delivery, start to end: parse -> key -> claim -> run -> record -> settle.
 
-Each step is a small function; the store writes that follow a run are fenced
-by the claim, and the decision that comes out is applied by
-:class:`consumer.settle.Settler`. A store that cannot be reached never sends a
-message to the DLQ: the delivery is handed back (``Requeue``) and the worker
-pauses until the store answers again.
+Each step is a small method; the store writes that follow a run are fenced by
+the claim, and every decision is applied by :class:`consumer.settle.Settler`.
+A store that cannot be reached never sends a message to the DLQ: the delivery
+is handed back (``Requeue``) and the worker pauses until the store answers.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import orjson
@@ -46,6 +45,17 @@ log = structlog.get_logger("semel.pipeline")
 
 _WRITE_BACKOFF = (0.05, 1.0)  # first and longest pause between store-write retries
 _RELEASE_WAIT = 5.0  # seconds a cut-short delivery waits to release its claim
+SHUTDOWN = Requeue("shutdown", outcome="requeued-shutdown", store_down=False)
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One message on its way through the pipeline, and what is known of it so far."""
+
+    message: AbstractIncomingMessage
+    facts: Facts
+    started: float
+    fence: int | None = None
 
 
 class Pipeline:
@@ -62,16 +72,14 @@ class Pipeline:
 
     async def handle(self, message: AbstractIncomingMessage) -> Settle:
         """Process and settle ``message``; returns the decision applied."""
-        started = time.monotonic()
         headers = dict(message.headers)
-        facts = Facts(
-            key=None,
-            attempt=attempt_of(headers),
-            origin=origin(
-                headers, message.exchange or "", message.routing_key or "", self._settings.queue
-            ),
-            first_seen=first_seen(headers),
+        route = origin(
+            headers, message.exchange or "", message.routing_key or "", self._settings.queue
         )
+        facts = Facts(
+            key=None, attempt=attempt_of(headers), origin=route, first_seen=first_seen(headers)
+        )
+        delivery = Delivery(message, facts, started=time.monotonic())
         try:
             parsed = parse(
                 message.body,
@@ -82,35 +90,31 @@ class Pipeline:
                 limit=self._settings.max_body_bytes,
             )
         except BadMessage as bad:
-            facts = replace(facts, key=best_effort_key(headers, message.message_id, self._source))
-            return await self._settle(message, DeadLetter(bad.reason, str(bad)), facts, started)
-        facts = replace(facts, key=parsed.key)
+            delivery.facts = replace(
+                facts, key=best_effort_key(headers, message.message_id, self._source)
+            )
+            return await self._settle(delivery, DeadLetter(bad.reason, str(bad)))
+        delivery.facts = replace(facts, key=parsed.key)
         claimed_at = time.monotonic()
         try:
             claim = await self._store.claim(parsed.key, parsed.fingerprint)
         except StoreUnavailable as exc:
-            return await self._settle(message, Requeue(describe(exc)), facts, started)
+            return await self._settle(delivery, Requeue(describe(exc)))
+        delivery.fence = claim.fence
         step = decide_after_claim(claim)
         if not isinstance(step, Run):
-            return await self._settle(message, step, facts, started, fence=claim.fence)
+            return await self._settle(delivery, step)
         lease = Lease(parsed.key, step.fence, self._settings.lock_ttl, renewed_at=claimed_at)
-        return await self._run(message, parsed, facts, lease, started)
+        return await self._run(delivery, parsed, lease)
 
-    async def _run(
-        self,
-        message: AbstractIncomingMessage,
-        parsed: Parsed,
-        facts: Facts,
-        lease: Lease,
-        started: float,
-    ) -> Settle:
+    async def _run(self, delivery: Delivery, parsed: Parsed, lease: Lease) -> Settle:
         context = Context(
             key=parsed.key,
             body=parsed.body,
-            headers=dict(message.headers),
-            routing_key=facts.origin.routing_key,
-            message_id=message.message_id,
-            attempt=facts.attempt,
+            headers=dict(delivery.message.headers),
+            routing_key=delivery.facts.origin.routing_key,
+            message_id=delivery.message.message_id,
+            attempt=delivery.facts.attempt,
             fence=lease.fence,
         )
         try:
@@ -118,106 +122,63 @@ class Pipeline:
                 self._handler, context, self._store, lease, self._settings.handler_timeout
             )
         except asyncio.CancelledError:
-            await self._cut_short(message, lease, facts, started)
+            await self._cut_short(delivery, lease)
             raise
         except LeaseLost:
             # Release nothing: the key belongs to the worker that took it over.
-            decision: Settle = NackToConflict("lease-lost")
+            return await self._settle(delivery, NackToConflict("lease-lost"))
         except StoreUnavailable as exc:
-            decision = Requeue(describe(exc))
+            return await self._settle(delivery, Requeue(describe(exc)))
         except Exception as exc:  # the handler failed (or timed out): retry or dead-letter
-            return await self._after_failure(message, facts, lease, exc, started)
-        else:
-            return await self._after_success(message, facts, lease, result, started)
-        return await self._settle(message, decision, facts, started, fence=lease.fence)
+            return await self._after_failure(delivery, lease, exc)
+        return await self._after_success(delivery, lease, result)
 
-    async def _after_success(
-        self,
-        message: AbstractIncomingMessage,
-        facts: Facts,
-        lease: Lease,
-        result: Any,
-        started: float,
-    ) -> Settle:
+    async def _after_success(self, delivery: Delivery, lease: Lease, result: Any) -> Settle:
         try:
             orjson.dumps(result)
         except orjson.JSONEncodeError as exc:
             # Running the handler again would return the same thing.
-            error = f"result is not JSON-serialisable: {exc}"
-            return await self._dead_letter(message, facts, lease, error, started)
+            return await self._dead_letter(
+                delivery, lease, DeadLetter(Reason.PERMANENT_ERROR, f"result is not JSON: {exc}")
+            )
         try:
             stored = await self._write(
                 lease, lambda: self._store.complete(lease.key, lease.fence, result)
             )
         except ResultTooLarge as exc:
-            return await self._dead_letter(message, facts, lease, describe(exc), started)
+            return await self._dead_letter(
+                delivery, lease, DeadLetter(Reason.PERMANENT_ERROR, describe(exc))
+            )
         except StoreUnavailable as exc:
-            return await self._settle(
-                message, Requeue(describe(exc)), facts, started, fence=lease.fence
-            )
-        return await self._settle(
-            message, decide_after_success(stored), facts, started, fence=lease.fence
-        )
+            return await self._settle(delivery, Requeue(describe(exc)))
+        return await self._settle(delivery, decide_after_success(stored))
 
-    async def _after_failure(
-        self,
-        message: AbstractIncomingMessage,
-        facts: Facts,
-        lease: Lease,
-        exc: Exception,
-        started: float,
-    ) -> Settle:
-        decision = decide_after_failure(exc, facts.attempt, self._settings)
+    async def _after_failure(self, delivery: Delivery, lease: Lease, exc: Exception) -> Settle:
+        decision = decide_after_failure(exc, delivery.facts.attempt, self._settings)
         if isinstance(decision, DeadLetter):
-            return await self._settle(
-                message,
-                decision,
-                facts,
-                started,
-                fence=lease.fence,
-                after_copy=self._fail(lease, decision),
-            )
+            return await self._dead_letter(delivery, lease, decision)
         try:
             released = await self._write(lease, lambda: self._store.release(lease.key, lease.fence))
         except StoreUnavailable as store_exc:
-            return await self._settle(
-                message, Requeue(describe(store_exc)), facts, started, fence=lease.fence
-            )
+            return await self._settle(delivery, Requeue(describe(store_exc)))
+        # Not released: the claim was taken over meanwhile and the new owner decides.
         settle: Retry | NackToConflict = decision if released else NackToConflict("fenced-out")
-        return await self._settle(
-            message, settle, facts, started, fence=lease.fence, error=decision.error
-        )
+        return await self._settle(delivery, settle, error=decision.error)
 
-    async def _dead_letter(
-        self,
-        message: AbstractIncomingMessage,
-        facts: Facts,
-        lease: Lease,
-        error: str,
-        started: float,
-    ) -> Settle:
-        decision = DeadLetter(Reason.PERMANENT_ERROR, error)
-        return await self._settle(
-            message,
-            decision,
-            facts,
-            started,
-            fence=lease.fence,
-            after_copy=self._fail(lease, decision),
-        )
+    async def _dead_letter(self, delivery: Delivery, lease: Lease, decision: DeadLetter) -> Settle:
+        """Dead-letter a claimed key; it is marked failed once its copy is confirmed."""
 
-    def _fail(self, lease: Lease, decision: DeadLetter) -> AfterCopy:
         async def mark_failed() -> None:
             try:
                 await self._write(
                     lease, lambda: self._store.fail(lease.key, lease.fence, decision.error)
                 )
             except StoreUnavailable as exc:
-                # The dead letter is already safe in the DLQ; the key stays
+                # The dead letter is safe in the DLQ already; the key stays
                 # claimed until its lease runs out.
                 log.warning("key not marked failed", key=lease.key, error=describe(exc))
 
-        return mark_failed
+        return await self._settle(delivery, decision, after_copy=mark_failed)
 
     async def _write(self, lease: Lease, write: Callable[[], Awaitable[T]]) -> T:
         """A fenced store write, retried while the lease still holds."""
@@ -231,9 +192,7 @@ class Pipeline:
             await asyncio.sleep(pause)
             pause = min(pause * 2, longest)
 
-    async def _cut_short(
-        self, message: AbstractIncomingMessage, lease: Lease, facts: Facts, started: float
-    ) -> None:
+    async def _cut_short(self, delivery: Delivery, lease: Lease) -> None:
         """Shutdown cut the handler short: free the key at once and hand the message back."""
         try:
             await asyncio.wait_for(self._store.release(lease.key, lease.fence), _RELEASE_WAIT)
@@ -241,38 +200,32 @@ class Pipeline:
             log.warning(
                 "claim not released; it expires by itself", key=lease.key, error=describe(exc)
             )
-        await self._settle(
-            message,
-            Requeue("shutdown", outcome="requeued-shutdown", store_down=False),
-            facts,
-            started,
-            fence=lease.fence,
-        )
+        await self._settle(delivery, SHUTDOWN)
 
     async def _settle(
         self,
-        message: AbstractIncomingMessage,
+        delivery: Delivery,
         decision: Settle,
-        facts: Facts,
-        started: float,
         *,
-        fence: int | None = None,
         after_copy: AfterCopy | None = None,
         error: str | None = None,
     ) -> Settle:
-        outcome = await self._settler.apply(message, decision, facts, after_copy=after_copy)
+        """Apply ``decision`` and log the one line that says what became of the delivery."""
+        facts = delivery.facts
+        outcome = await self._settler.apply(
+            delivery.message, decision, facts, after_copy=after_copy
+        )
         fields: dict[str, Any] = {
             "key": facts.key,
-            "fence": fence,
+            "fence": delivery.fence,
             "attempt": facts.attempt,
             "outcome": outcome,
-            "duration_ms": round((time.monotonic() - started) * 1000, 1),
+            "duration_ms": round((time.monotonic() - delivery.started) * 1000, 1),
         }
         if isinstance(decision, DeadLetter):
             fields["reason"] = decision.reason.value
         error = error or getattr(decision, "error", None)
         if error:
-            fields["error"] = redact(error)
-        emit = log.warning if isinstance(decision, DeadLetter | Requeue) else log.info
-        emit("settled", **fields)
+            fields["error"] = redact(error)  # exception text, bounded; never the body
+        log.info("settled", **fields)
         return decision

@@ -24,6 +24,7 @@ from consumer.names import Topology
 from consumer.topology import DLQ_ROUTING_KEY
 
 CONFIRM_TIMEOUT = 15.0  # seconds to wait for the broker's confirm of a copy
+UNCONFIRMED_PAUSE = 1.0  # seconds before a delivery whose copy failed goes back
 _BROKER_TROUBLE = (AMQPError, ConnectionError, RuntimeError, asyncio.TimeoutError)
 
 log = structlog.get_logger("semel.settle")
@@ -82,6 +83,9 @@ class Settler:
                 copy = dead_letter_copy(message, facts, decision)
                 exchange, routing_key = self._dead_letter_exchange, DLQ_ROUTING_KEY
         if not await _publish_confirmed(exchange, copy, routing_key):
+            # Held a moment before it goes back: an unroutable or refused copy
+            # would otherwise loop between this worker and the broker.
+            await asyncio.sleep(UNCONFIRMED_PAUSE)
             return await _nack(message, requeue=True, outcome="requeued-copy-unconfirmed")
         if after_copy is not None:
             await after_copy()

@@ -55,9 +55,8 @@ async def consumer_settings(
 ) -> ConsumerSettings:
     """Settings with a queue and an exchange no other test uses, and short delays."""
     run = uuid.uuid4().hex[:10]
-    base = make_settings(
-        amqp_url=rabbitmq_server, queue=f"t.{run}.work", exchange=f"t.{run}.events", **FAST
-    )
+    fixed = {"amqp_url": rabbitmq_server, "queue": f"t.{run}.work", "exchange": f"t.{run}.events"}
+    base = make_settings(**(FAST | fixed))
     # Like `semel migrate` before `semel consume` (SQLite creates its table on open).
     store = await open_store(base)
     try:
@@ -66,7 +65,7 @@ async def consumer_settings(
         await store.close()
 
     def factory(**overrides: Any) -> Settings:
-        return base.model_copy(update=overrides)
+        return make_settings(**(FAST | fixed | overrides))  # validated, same key prefix
 
     return factory
 

@@ -76,3 +76,13 @@ def blocking(context: Context) -> Any:
 
 
 not_callable = 42
+
+
+def oversized(context: Context) -> Any:
+    """A result larger than DynamoDB's 400 KB item."""
+    return {"blob": "x" * 500_000}
+
+
+def unserialisable(context: Context) -> Any:
+    """A result that is not JSON."""
+    return {"when": object()}
