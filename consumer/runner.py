@@ -75,22 +75,9 @@ class Worker:
             gate.report_down()
         log.info("consuming", queue=self._settings.queue, prefetch=self._settings.prefetch)
 
-        stopping = asyncio.Event()
-        watchers = [
-            asyncio.create_task(gate.watch(stopping)),
-            asyncio.create_task(stop.wait()),
-            asyncio.create_task(broker_gone_for(self._connection, self._settings.broker_give_up)),
-        ]
-        try:
-            done, _ = await asyncio.wait(watchers[1:], return_when=asyncio.FIRST_COMPLETED)
-            broker_gone = watchers[2] in done
-            stopping.set()
-            self._accepting = False
-            await intake.pause()
-        finally:
-            for watcher in watchers:
-                watcher.cancel()
-            await asyncio.gather(*watchers, return_exceptions=True)
+        broker_gone = await self._until_stopped(stop, gate)
+        self._accepting = False
+        await intake.pause()
         if broker_gone:
             log.error(
                 "broker unreachable for too long, exiting", give_up=self._settings.broker_give_up
@@ -102,6 +89,26 @@ class Worker:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(channel.close(), BROKER_CALL_TIMEOUT)
         return EXIT_OK
+
+    async def _until_stopped(self, stop: asyncio.Event, gate: StoreGate) -> bool:
+        """Watch the store and the broker until ``stop``; ``True`` if the broker is gone."""
+        stopping = asyncio.Event()
+        store_watch = asyncio.create_task(gate.watch(stopping))
+        stop_request = asyncio.create_task(stop.wait())
+        broker_watch = asyncio.create_task(
+            broker_gone_for(self._connection, self._settings.broker_give_up)
+        )
+        watchers = {store_watch, stop_request, broker_watch}
+        try:
+            done, _ = await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
+            if store_watch in done:  # it never ends by itself: surface its failure
+                store_watch.result()
+            return broker_watch in done
+        finally:
+            stopping.set()
+            for watcher in watchers:
+                watcher.cancel()
+            await asyncio.gather(*watchers, return_exceptions=True)
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         gate = self._gate

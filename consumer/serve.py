@@ -12,6 +12,7 @@ import inspect
 import signal
 
 import structlog
+from aiormq.exceptions import AMQPError
 
 from consumer.broker import BrokerUnavailable
 from consumer.container import Container, shutdown
@@ -19,7 +20,7 @@ from consumer.handler import HandlerLoadError
 from consumer.logs import configure
 from consumer.runner import Worker
 from consumer.topology import TopologyMismatch, declare
-from settings import ConfigError
+from settings import ConfigError, redact
 from stores.errors import StoreError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -59,8 +60,8 @@ async def consume(container: Container | None = None, stop: asyncio.Event | None
         return await worker.run(stop or stop_on_signals())
     except (HandlerLoadError, TopologyMismatch) as exc:
         raise StartupError(str(exc), EXIT_USAGE) from None
-    except (StoreError, BrokerUnavailable) as exc:
-        raise StartupError(str(exc), EXIT_FAILURE) from None
+    except (StoreError, BrokerUnavailable, AMQPError) as exc:
+        raise StartupError(redact(str(exc)) or type(exc).__name__, EXIT_FAILURE) from None
     finally:
         await shutdown(container)
 

@@ -91,11 +91,18 @@ class StoreGate:
             await self._down.wait()
             await self._intake.pause()
             await ping_until_up(self._store)
-            self._down.clear()
             if stopping.is_set():
                 return
+            # Open before attaching, or the first deliveries would bounce off.
+            self._down.clear()
+            try:
+                await self._intake.resume()
+            except Exception as exc:  # the broker may be away too: try again
+                self._down.set()
+                log.warning("consumption not resumed, retrying", error=repr(exc))
+                await asyncio.sleep(PROBE_BACKOFF[1])
+                continue
             log.info("store reachable again, consumption resumed")
-            await self._intake.resume()
 
 
 async def broker_gone_for(connection: AbstractConnection, give_up: float) -> float:
