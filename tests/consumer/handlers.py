@@ -32,6 +32,7 @@ def record(context: Context, event: str) -> None:
             "key": context.key,
             "fence": context.fence,
             "attempt": context.attempt,
+            "routing_key": context.routing_key,
             "pid": os.getpid(),
             "t": time.time(),
         }

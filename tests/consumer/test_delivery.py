@@ -180,6 +180,7 @@ async def test_dead_workers_claim_is_taken_over_with_a_higher_fence(
 
     (takeover,) = runs(ledger, "held")
     assert takeover["fence"] == held.fence + 1
+    assert takeover["routing_key"] == ROUTING_KEY  # the producer's, after a conflict
     # It waited in the conflict queue while the dead worker's lease ran out.
     assert sampler.saw(Topology(settings.queue).conflict_queue) >= 1
 
@@ -198,6 +199,7 @@ async def test_retries_wait_their_tiers_and_the_last_attempt_dead_letters(
 
     flaky = runs(ledger, "flaky")
     assert [r["attempt"] for r in flaky] == [1, 2, 3]
+    assert {r["routing_key"] for r in flaky} == {ROUTING_KEY}  # the producer's, on retries
     assert flaky[1]["t"] - flaky[0]["t"] >= settings.retry_delays[0]
     assert flaky[2]["t"] - flaky[1]["t"] >= settings.retry_delays[1]
     for delay in settings.retry_delays:

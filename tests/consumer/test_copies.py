@@ -1,0 +1,121 @@
+"""The retry copies and dead letters semel publishes (pure, no servers)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import aio_pika
+from aio_pika.message import IncomingMessage
+from aiormq.abc import AbstractChannel, DeliveredMessage
+from pamqp.commands import Basic
+from pamqp.header import ContentHeader
+
+from consumer.copies import Facts, bounded, dead_letter_copy, first_seen, retry_copy
+from consumer.decide import DeadLetter, Retry
+from consumer.message import Origin
+from consumer.names import (
+    BROKER_HEADERS,
+    ERROR_HEADER_LIMIT,
+    H_ATTEMPTS,
+    H_DEAD_LETTERED_AT,
+    H_ERROR,
+    H_FIRST_SEEN,
+    H_KEY,
+    H_ORIGINAL_EXCHANGE,
+    H_ORIGINAL_ROUTING_KEY,
+    H_REASON,
+    Reason,
+)
+
+FACTS = Facts(
+    key="k-1",
+    attempt=2,
+    origin=Origin("events", "order.paid"),
+    first_seen="2026-01-01T00:00:00.000+00:00",
+)
+
+
+def incoming(headers: dict[str, Any], **properties: Any) -> IncomingMessage:
+    props = Basic.Properties(headers=headers, **properties)
+    delivered = DeliveredMessage(
+        delivery=Basic.Deliver(
+            consumer_tag="c", delivery_tag=1, redelivered=False, exchange="", routing_key="q"
+        ),
+        header=ContentHeader(properties=props),
+        body=b'{"a":1}',
+        channel=cast(AbstractChannel, None),
+    )
+    return IncomingMessage(delivered)
+
+
+BROKER_WRITTEN = {name: "x" for name in BROKER_HEADERS} | {"x-death": [{"count": 3}]}
+
+
+def test_a_retry_copy_counts_the_attempt_and_drops_broker_headers() -> None:
+    message = incoming(
+        {"Idempotency-Key": "k-1", "trace": "t1", **BROKER_WRITTEN},
+        content_type="application/json",
+        message_id="m-1",
+        correlation_id="c-1",
+        expiration="60000",
+        user_id="someone-else",
+        app_id="shop",
+    )
+    copy = retry_copy(message, FACTS, Retry(delay=5, next_attempt=3, error="E: x"))
+    assert copy.headers == {
+        "Idempotency-Key": "k-1",
+        "trace": "t1",
+        H_ATTEMPTS: 3,
+        H_FIRST_SEEN: FACTS.first_seen,
+        H_ORIGINAL_EXCHANGE: "events",
+        H_ORIGINAL_ROUTING_KEY: "order.paid",
+    }
+    assert copy.body == b'{"a":1}'
+    assert (copy.content_type, copy.message_id, copy.correlation_id, copy.app_id) == (
+        "application/json", "m-1", "c-1", "shop"
+    )  # fmt: skip
+    assert copy.delivery_mode is aio_pika.DeliveryMode.PERSISTENT
+    assert copy.expiration is None  # a per-message TTL could drop the waiting copy
+    assert copy.user_id is None
+
+
+def test_a_dead_letter_says_why() -> None:
+    message = incoming({"Idempotency-Key": "k-1", **BROKER_WRITTEN})
+    letter = dead_letter_copy(message, FACTS, DeadLetter(Reason.MAX_ATTEMPTS, "RuntimeError: x"))
+    headers = letter.headers
+    assert headers.keys().isdisjoint(BROKER_HEADERS)
+    assert headers[H_REASON] == "max-attempts"
+    assert headers[H_ERROR] == "RuntimeError: x"
+    assert headers[H_ATTEMPTS] == 2
+    assert headers[H_KEY] == "k-1"
+    assert (headers[H_ORIGINAL_EXCHANGE], headers[H_ORIGINAL_ROUTING_KEY]) == (
+        "events", "order.paid"
+    )  # fmt: skip
+    assert headers[H_FIRST_SEEN] == FACTS.first_seen
+    dead_at_text = headers[H_DEAD_LETTERED_AT]
+    assert isinstance(dead_at_text, str)
+    dead_at = datetime.fromisoformat(dead_at_text)
+    assert abs((datetime.now(UTC) - dead_at).total_seconds()) < 60
+
+
+def test_errors_are_bounded_without_splitting_a_character() -> None:
+    error = "é" * ERROR_HEADER_LIMIT
+    kept = bounded(error)
+    assert len(kept.encode()) <= ERROR_HEADER_LIMIT
+    assert kept == "é" * (ERROR_HEADER_LIMIT // 2)
+    message = incoming({})
+    letter = dead_letter_copy(message, FACTS, DeadLetter(Reason.PERMANENT_ERROR, error))
+    assert letter.headers[H_ERROR] == kept
+
+
+def test_an_unknown_key_is_an_empty_header() -> None:
+    letter = dead_letter_copy(
+        incoming({}), Facts(None, 1, Origin("e", "r"), "t"), DeadLetter(Reason.MISSING_KEY, "x")
+    )
+    assert letter.headers[H_KEY] == ""
+
+
+def test_first_seen_survives_retries() -> None:
+    assert first_seen({H_FIRST_SEEN: FACTS.first_seen}) == FACTS.first_seen
+    assert datetime.fromisoformat(first_seen({})) <= datetime.now(UTC)
