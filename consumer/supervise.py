@@ -58,15 +58,16 @@ class Intake:
 
 
 async def ping_until_up(store: Store) -> None:
-    """Return once the store answers."""
+    """Return once the store answers (never at once: a store whose ping passes
+    while its real calls fail would otherwise flap consumption on and off)."""
     pause, longest = PROBE_BACKOFF
     while True:
+        await asyncio.sleep(pause)
         try:
             await store.ping()
             return
         except StoreUnavailable as exc:
             log.warning("store unreachable, consumption paused", error=str(exc), retry_in=pause)
-        await asyncio.sleep(pause)
         pause = min(pause * 2, longest)
 
 

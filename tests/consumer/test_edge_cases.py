@@ -1,5 +1,5 @@
 """Outcomes that need one store or one setting: results that cannot be kept,
-handler timeouts, classic queues, a dead letter the broker cannot route."""
+handler timeouts, classic queues, a dead letter the broker cannot route, concurrency."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ from consumer.topology import DLQ_ROUTING_KEY
 from settings import Settings
 from stores.base import Status, Store
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
+from tests.consumer.handlers import read_ledger
 from tests.consumer.harness import Broker, eventually
 from tests.consumer.sampler import sampling
 from tests.consumer.test_delivery import finished, runs, settle_all, status_is
+from tests.consumer.test_faults import all_completed
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -121,3 +123,26 @@ async def test_an_unroutable_copy_never_acks_the_original(
     await finished(consumer, broker, settings, dead_letters=1)
     (letter,) = await broker.dead_letters(settings)
     assert (letter.reason, letter.key) == ("malformed-body", "bad")
+
+
+async def test_deliveries_run_concurrently_up_to_the_prefetch(
+    consumer_settings: ConsumerSettings,
+    broker: Broker,
+    store: Store,
+    ledger: Path,
+    start_consumer: StartConsumer,
+) -> None:
+    settings = consumer_settings(prefetch=3)
+    consumer = await start_consumer(settings)
+    keys = [f"k-{i}" for i in range(7)]
+    for key in keys:
+        await broker.publish(settings, {"sleep": 0.4}, key=key)
+    await eventually(lambda: all_completed(store, keys), 20, "every key completed")
+    await finished(consumer, broker, settings, dead_letters=0)
+
+    events = sorted(read_ledger(ledger), key=lambda e: (e["t"], e["event"] == "start"))
+    running = peak = 0
+    for event in events:
+        running += 1 if event["event"] == "start" else -1
+        peak = max(peak, running)
+    assert peak == settings.prefetch

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 from consumer.message import fingerprint
 from consumer.names import Topology
 from consumer.topology import queue_specs
-from settings import Settings
+from settings import LogFormat, Settings
 from stores.base import Outcome, Status, Store
 from tests.conftest import settings_env
 from tests.consumer.conftest import CONSUMER_BACKENDS, ConsumerSettings
@@ -207,7 +208,9 @@ async def test_the_bundled_example_handler_runs_from_the_environment_alone(
     settings: Settings, broker: Broker, store: Store, tmp_path: Path
 ) -> None:
     """The bundled example handler with nothing but the environment, like the Procfile."""
-    default = settings.model_copy(update={"handler": "consumer.examples:order_paid"})
+    default = settings.model_copy(
+        update={"handler": "consumer.examples:order_paid", "log_format": LogFormat.JSON}
+    )
     await broker.declare(default)
     await broker.publish(default, {"order_id": "A-1", "amount": 42}, key="paid-1")
     await broker.publish(default, {"amount": 1}, key="paid-2")  # no order id: permanent
@@ -226,7 +229,13 @@ async def test_the_bundled_example_handler_runs_from_the_environment_alone(
     (letter,) = await broker.dead_letters(default)
     assert letter.reason == "permanent-error"
     assert "order_id" in letter.headers["x-semel-error"]
-    # One line per settle decision, and never a body in it.
-    settled = [line for line in worker.output().splitlines() if "settled" in line]
-    assert len(settled) == 2
-    assert not any("A-1" in line or "amount" in line for line in settled)
+    # One JSON line per settle decision, and never a body in it.
+    lines = [json.loads(line) for line in worker.output().splitlines() if line.startswith("{")]
+    settled = {line["key"]: line for line in lines if line["event"] == "settled"}
+    assert settled.keys() == {"paid-1", "paid-2"}
+    assert settled["paid-1"]["outcome"] == "completed"
+    assert settled["paid-2"]["reason"] == "permanent-error"
+    for line in settled.values():
+        assert {"fence", "attempt", "duration_ms", "level", "timestamp"} <= line.keys()
+        assert line["level"] == "info"
+    assert "A-1" not in worker.output()
