@@ -143,7 +143,12 @@ def parse(
     """Body first, then the key: a key inside a malformed body cannot be read."""
     data = parse_body(body, content_type, limit)
     key = source.extract(headers, message_id, data)
-    return Parsed(key=key, body=data, fingerprint=fingerprint(data))
+    try:
+        digest = fingerprint(data)
+    except UnicodeEncodeError:
+        # JSON may escape a lone surrogate ("\ud800"), which no UTF-8 text holds.
+        raise BadMessage(Reason.MALFORMED_BODY, "body escapes a lone surrogate") from None
+    return Parsed(key=key, body=data, fingerprint=digest)
 
 
 def best_effort_key(

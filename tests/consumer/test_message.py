@@ -151,6 +151,13 @@ def test_parse_reads_body_before_key() -> None:
     assert (parsed.key, parsed.body, parsed.fingerprint) == ("k", {"a": 1}, fingerprint({"a": 1}))
 
 
+@pytest.mark.parametrize("body", [b'{"note": "\\ud800"}', b'{"\\udfff": 1}'])
+def test_a_lone_surrogate_escape_is_malformed(body: bytes) -> None:
+    with pytest.raises(BadMessage) as info:
+        parse(body, None, {"Idempotency-Key": "k"}, None, source=HEADER, limit=LIMIT)
+    assert info.value.reason is Reason.MALFORMED_BODY
+
+
 def test_best_effort_key_for_dead_letters() -> None:
     assert best_effort_key({"Idempotency-Key": "k"}, None, HEADER) == "k"
     assert best_effort_key({}, None, HEADER) is None
