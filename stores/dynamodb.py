@@ -1,0 +1,228 @@
+"""The DynamoDB idempotency store: one conditional UpdateItem per claim.
+
+A refused claim gets the item it collided with in the same call
+(``ReturnValuesOnConditionCheckFailure=ALL_OLD``); only a server that does not
+return it (dynalite) costs one consistent GetItem more. The item layout, the
+writes and the claim decision live in :mod:`stores.dynamodb_items`, the table
+and its TTL in :mod:`stores.dynamodb_table`.
+
+boto3's client is thread-safe but blocking, so every call runs on a private
+thread pool sized for the consumer's prefetch, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from settings import Settings
+from stores import dynamodb_items as items
+from stores import dynamodb_table
+from stores.base import JSON, Claim, Outcome, Record, Store, StoreConfig
+from stores.codec import dump_result, store_config
+from stores.dynamodb_items import Instant, Item, Step, Update
+from stores.errors import StoreUnavailable
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+
+T = TypeVar("T")
+
+BACKEND = "dynamodb"
+# An item stops at 400 KB; the rest of the record fits easily in what is left.
+RESULT_LIMIT = 350_000
+# A dead endpoint surfaces in seconds: short connects and one retry. An answer
+# may take longer: a loaded server queues requests but answers them (a local
+# DynamoDB-compatible server answering one request at a time takes over ten
+# seconds for a burst of a thousand claims on two cores).
+CONNECT_TIMEOUT = 2.0
+READ_TIMEOUT = 30.0
+MAX_ATTEMPTS = 2
+# Each lost round means another writer changed the item meanwhile; this many
+# in a row is a storm on one key, and "try again later" is the right answer.
+CLAIM_ROUNDS = 8
+REFUSED = frozenset({"ConditionalCheckFailedException"})
+# Errors about the request itself, not the server: bugs, which must not pass for outages.
+REQUEST_ERRORS = frozenset({"ValidationException", "SerializationException"})
+
+
+class DynamoDBStore(Store):
+    """Idempotency records as items of one table, keyed by the namespaced key."""
+
+    backend = BACKEND
+
+    def __init__(
+        self, config: StoreConfig, client: DynamoDBClient, table: str, executor: ThreadPoolExecutor
+    ) -> None:
+        super().__init__(config)
+        self._client = client
+        self._table = table
+        self._executor = executor
+
+    async def call(self, request: Callable[[], T], *, answers: frozenset[str] = frozenset()) -> T:
+        """Run one blocking client call off the loop; every outage becomes StoreUnavailable.
+
+        A ClientError whose code is in ``answers`` is an answer the caller handles.
+        """
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, request)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code in answers or code in REQUEST_ERRORS:
+                raise
+            raise StoreUnavailable(BACKEND, str(exc)) from exc
+        except BotoCoreError as exc:
+            raise StoreUnavailable(BACKEND, f"{type(exc).__name__}: {exc}") from exc
+
+    def _key(self, key: str) -> Item:
+        return {items.PARTITION_KEY: items.string(self.config.namespaced(key))}
+
+    async def _write(self, key: str, update: Update) -> tuple[Item | None, Item | None]:
+        """One conditional UpdateItem: ``(new item, None)``, or ``(None, the item it hit)``.
+
+        The item it hit is ``None`` too where the server does not return it (dynalite).
+        """
+        request = partial(
+            self._client.update_item,
+            TableName=self._table,
+            Key=self._key(key),
+            UpdateExpression=update.expression,
+            ConditionExpression=update.condition,
+            ExpressionAttributeNames=update.names,
+            ExpressionAttributeValues=update.values,
+            ReturnValues="ALL_NEW",
+            ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        )
+        try:
+            response = await self.call(request, answers=REFUSED)
+        except ClientError as exc:
+            return None, cast("Item | None", cast(dict[str, Any], exc.response).get("Item"))
+        return response["Attributes"], None
+
+    async def _update(self, key: str, update: Update) -> Item | None:
+        return (await self._write(key, update))[0]
+
+    async def _read(self, key: str) -> Item | None:
+        request = partial(
+            self._client.get_item, TableName=self._table, Key=self._key(key), ConsistentRead=True
+        )
+        return (await self.call(request)).get("Item")
+
+    async def claim(self, key: str, fingerprint: str) -> Claim:
+        """One UpdateItem on the hot path; a rare path adds one write, re-decided on a lost race."""
+        # Marks this call's writes, so a write botocore repeated is known as ours.
+        token = uuid.uuid4().hex
+        for _ in range(CLAIM_ROUNDS):
+            now = Instant.now()
+            claim = items.claim_update(fingerprint, token, now, self.config)
+            written, held = await self._write(key, claim)
+            if written is not None:
+                return Claim(Outcome.CLAIMED, items.to_record(key, written))
+            if held is None:
+                # This server does not return the item a refused write collided with.
+                held = await self._read(key)
+                if held is None:
+                    continue
+            step = items.decide(key, held, fingerprint, token, now, self.config.max_claims)
+            if isinstance(step, Claim):
+                return step
+            if step is Step.REPLACE:
+                replaced = await self._replace(key, fingerprint, token, items.fence_of(held))
+                if replaced is not None:
+                    return Claim(Outcome.CLAIMED, replaced)
+            elif step is Step.POISON:
+                poison = items.poison_update(items.fence_of(held), Instant.now(), self.config)
+                failed = await self._update(key, poison)
+                if failed is not None:
+                    return Claim(Outcome.POISON, items.to_record(key, failed))
+        raise StoreUnavailable(BACKEND, f"claim of {key!r} lost {CLAIM_ROUNDS} races in a row")
+
+    async def _replace(self, key: str, fingerprint: str, token: str, fence: int) -> Record | None:
+        """Claim over a record past retention: claims restart at 1, the fence keeps growing."""
+        now = Instant.now()
+        pk = self.config.namespaced(key)
+        item = items.fresh_item(pk, fingerprint, token, fence + 1, now, self.config)
+        request = partial(
+            self._client.put_item,
+            TableName=self._table,
+            Item=item,
+            ConditionExpression=items.REPLACE_CONDITION,
+            ExpressionAttributeNames=items.names(items.REPLACE_CONDITION),
+            ExpressionAttributeValues={
+                ":fence": items.number(fence),
+                ":now_s": items.number(now.whole_seconds),
+            },
+        )
+        try:
+            await self.call(request, answers=REFUSED)
+        except ClientError:
+            return None
+        return items.to_record(key, item)
+
+    async def complete(self, key: str, fence: int, result: JSON) -> bool:
+        data = dump_result(result, limit=RESULT_LIMIT).decode()
+        update = items.complete_update(fence, data, Instant.now(), self.config)
+        return await self._update(key, update) is not None
+
+    async def release(self, key: str, fence: int) -> bool:
+        update = items.lease_update(fence, ":now_ms", Instant.now(), self.config)
+        return await self._update(key, update) is not None
+
+    async def fail(self, key: str, fence: int, error: str) -> bool:
+        update = items.fail_update(fence, error, Instant.now(), self.config)
+        return await self._update(key, update) is not None
+
+    async def heartbeat(self, key: str, fence: int) -> bool:
+        update = items.lease_update(fence, ":lease", Instant.now(), self.config)
+        return await self._update(key, update) is not None
+
+    async def get(self, key: str) -> Record | None:
+        item = await self._read(key)
+        if item is None or not items.is_live(item, Instant.now()):
+            return None
+        return items.to_record(key, item)
+
+    async def reset(self, key: str) -> bool:
+        update = items.reset_update(Instant.now(), self.config)
+        return await self._update(key, update) is not None
+
+    async def migrate(self) -> list[str]:
+        return await dynamodb_table.migrate(self._client, self._table, self.call)
+
+    async def ping(self) -> None:
+        await self.call(partial(self._client.describe_table, TableName=self._table))
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._executor.shutdown, wait=True)
+        self._client.close()
+
+
+def _client(settings: Settings) -> DynamoDBClient:
+    # A session of its own: boto3's default session is shared and not thread-safe.
+    return boto3.session.Session().client(
+        "dynamodb",
+        endpoint_url=settings.dynamodb_endpoint_url,
+        region_name=settings.dynamodb_region,
+        config=Config(
+            connect_timeout=CONNECT_TIMEOUT,
+            read_timeout=READ_TIMEOUT,
+            retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"},
+            max_pool_connections=settings.prefetch,
+        ),
+    )
+
+
+async def open_store(settings: Settings) -> Store:
+    """The store for ``settings``; opening contacts no server, so an outage shows on first use."""
+    executor = ThreadPoolExecutor(max_workers=settings.prefetch, thread_name_prefix="dynamodb")
+    client = await asyncio.get_running_loop().run_in_executor(executor, _client, settings)
+    return DynamoDBStore(store_config(settings), client, settings.dynamodb_table, executor)
