@@ -87,9 +87,13 @@ def _child(argv: list[str], port: int, log_name: str) -> Iterator[str]:
 
 @contextlib.contextmanager
 def moto_server() -> Iterator[str]:
-    """moto's server mode: a full DynamoDB API, TTL included."""
+    """moto's server mode: a full DynamoDB API, TTL included, one request at a time.
+
+    Serialised because moto's threaded server does not apply a conditional
+    write atomically (see tests/moto_serial.py).
+    """
     port = free_port()
-    argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    argv = [sys.executable, str(ROOT / "tests" / "moto_serial.py"), str(port)]
     with _child(argv, port, "moto.log") as url:
         yield url
 
