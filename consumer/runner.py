@@ -50,10 +50,6 @@ class Worker:
         self._pipeline: Pipeline | None = None
         self._gate: StoreGate | None = None
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._tasks)
-
     async def run(self, stop: asyncio.Event) -> int:
         """Consume until ``stop`` is set (exit 0) or the broker stays away (exit 1)."""
         names = Topology(self._settings.queue)

@@ -6,6 +6,8 @@ letters and the store; the handler's own ledger counts how often it ran.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -78,16 +80,24 @@ async def status(store: Store, key: str) -> Status | None:
 
 
 async def settle_all(broker: Broker, settings: Settings, dead_letters: int) -> None:
-    """Wait until ``Q.dlq`` holds ``dead_letters`` and every other queue is empty.
+    """Wait until ``Q.dlq`` holds ``dead_letters`` and every other queue stays empty.
 
-    Deliveries still unacknowledged do not show in a depth; a test stops its
-    consumer (which hands back whatever it holds) and calls :func:`finished`.
+    A delivery being processed shows in no depth, and a conflict copy is
+    invisible for a moment on its way to the conflict queue; so the queues
+    must stay so for a conflict delay. A test then stops its consumer (which
+    hands back whatever it still holds) and checks again with :func:`finished`.
     """
-    await eventually(
-        lambda: only_dead_letters(broker, settings, dead_letters),
-        20,
-        f"{dead_letters} dead letters and nothing else queued",
-    )
+    steady = settings.conflict_delay + 0.1
+    end = time.monotonic() + 30
+
+    async def quiet() -> bool:
+        return await only_dead_letters(broker, settings, dead_letters)
+
+    while True:
+        await eventually(quiet, end - time.monotonic(), f"only {dead_letters} dead letters")
+        await asyncio.sleep(steady)
+        if await quiet():
+            return
 
 
 async def only_dead_letters(broker: Broker, settings: Settings, dead_letters: int) -> bool:

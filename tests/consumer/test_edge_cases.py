@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -146,3 +147,36 @@ async def test_deliveries_run_concurrently_up_to_the_prefetch(
         running += 1 if event["event"] == "start" else -1
         peak = max(peak, running)
     assert peak == settings.prefetch
+
+
+@pytest.mark.parametrize(
+    ("key_source", "good", "bad", "reason"),
+    [
+        # aiormq gives every message without an id a random one, so a message_id
+        # source can only see an invalid id from this producer, never a missing one.
+        ("message_id", {"message_id": "m-7"}, {"message_id": "m\t7"}, "invalid-key"),
+        ("body:order.id", {"body": {"order": {"id": "m-7"}}}, {}, "missing-key"),
+    ],
+)
+async def test_other_key_sources(
+    consumer_settings: ConsumerSettings,
+    broker: Broker,
+    store: Store,
+    ledger: Path,
+    start_consumer: StartConsumer,
+    key_source: str,
+    good: dict[str, Any],
+    bad: dict[str, Any],
+    reason: str,
+) -> None:
+    settings = consumer_settings(key_source=key_source)
+    consumer = await start_consumer(settings)
+    for _ in range(2):
+        await broker.publish(settings, **({"body": {"n": 1}} | good))
+    await broker.publish(settings, **({"body": {"n": 2}} | bad))
+    await settle_all(broker, settings, dead_letters=1)
+    await finished(consumer, broker, settings, dead_letters=1)
+    assert len(runs(ledger, "m-7")) == 1
+    assert await status_is(store, "m-7", Status.COMPLETED)
+    (letter,) = await broker.dead_letters(settings)
+    assert letter.reason == reason
