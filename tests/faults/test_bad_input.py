@@ -165,12 +165,6 @@ async def test_a_key_reused_with_another_body_is_dead_lettered_and_keeps_the_fir
     assert [e["key"] for e in read_ledger(ledger) if e["event"] == "start"] == ["reused", "next"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="consumer.message.parse raises UnicodeEncodeError (not BadMessage) when the JSON "
-    "body holds a lone surrogate escape such as \\ud800: fingerprint() encodes the canonical "
-    "text as UTF-8; the runner then parks the delivery in Q.retry.conflict over and over",
-)
 async def test_a_lone_surrogate_escape_is_dead_lettered_as_malformed(
     settings: Settings, broker: Broker, store: Store, start_consumer: StartConsumer
 ) -> None:
