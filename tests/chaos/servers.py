@@ -314,7 +314,9 @@ class PrivateDynamo(StoreServer):
 
         super().__init__(home)
         self.port = free_port()
-        argv = [sys.executable, "-m", "tests.chaos.moto_serial", str(self.port)]
+        # One request at a time: moto's threaded server does not apply a
+        # conditional write atomically (see tests/moto_serial.py).
+        argv = [sys.executable, str(ROOT / "tests" / "moto_serial.py"), str(self.port)]
         self.child = Child(argv, self.port, home / "moto.log")
         self.proxy = TcpProxy(self.port, free_port())
 
