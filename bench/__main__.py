@@ -1,0 +1,79 @@
+"""``python -m bench``: measure semel against a bare aio-pika consumer; see bench/README.md."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from bench.backends import DYNAMODB_SERVERS, STORES
+from bench.broker import BenchError
+from bench.report import publish
+from bench.run import Plan, Runner
+
+FULL = {"messages": 50_000, "repeat": 3, "rss": 100_000, "latency_seconds": 10.0}
+QUICK = {"messages": 2_000, "repeat": 1, "rss": 1_000, "latency_seconds": 1.5}
+LATENCY_RATE = 200.0  # messages/s of the latency phase: a light load
+
+
+def stores(value: str) -> list[str]:
+    chosen = [s.strip() for s in value.split(",") if s.strip()]
+    unknown = sorted(set(chosen) - set(STORES))
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"stores are {', '.join(STORES)}; got {value!r}")
+    return chosen
+
+
+def parse(argv: list[str]) -> Plan:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--messages", type=int, help="messages per drain (default 50,000)")
+    parser.add_argument("--repeat", type=int, help="runs of each case; the median counts (3)")
+    parser.add_argument(
+        "--quick", action="store_true", help="2,000 messages, one repeat: a smoke run"
+    )
+    parser.add_argument("--stores", type=stores, default=list(STORES), help="comma-separated")
+    parser.add_argument("--rss-messages", type=int, help="messages per long-run batch (100,000)")
+    parser.add_argument(
+        "--dynamodb-server",
+        choices=sorted(DYNAMODB_SERVERS),
+        default="moto",
+        help="the local DynamoDB-compatible server (moto)",
+    )
+    parser.add_argument("--out", type=Path, default=Path("bench/out"), help="output folder")
+    args = parser.parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    messages = args.messages or int(sizes["messages"])
+    if messages < 1 or (args.repeat is not None and args.repeat < 1):
+        parser.error("--messages and --repeat must be positive")
+    return Plan(
+        messages=messages,
+        repeat=args.repeat or int(sizes["repeat"]),
+        stores=args.stores,
+        out=args.out,
+        quick=args.quick,
+        rss_messages=args.rss_messages or int(sizes["rss"]),
+        latency_rate=LATENCY_RATE,
+        latency_seconds=float(sizes["latency_seconds"]),
+        dynamodb_server=args.dynamodb_server,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    plan = parse(sys.argv[1:] if argv is None else argv)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=150)  # a CI log or a file: keep the table on one line per row
+    try:
+        results = asyncio.run(Runner(plan, console).measure())
+    except BenchError as exc:
+        console.print(f"[red]benchmark failed:[/] {exc}")
+        return 1
+    publish(results, plan.out, console)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""The measurements: drain throughput, and a long run for memory and latency.
+
+A consumer kind is ``"baseline"`` (the bare aio-pika consumer) or a store
+name (semel with that store). Every case declares its own topology, runs its
+consumers as child processes and removes its queues and exchanges after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.backends import Backends
+from bench.broker import Batch, BenchError, Broker
+from bench.children import Child, Group, start_baseline, start_semel
+from bench.probes import percentiles, read_probes, settled_durations
+from settings import Settings
+
+BASELINE = "baseline"
+LATENCY_TAG = "lat"
+
+
+@dataclass(frozen=True, slots=True)
+class Drains:
+    """Messages/s of one case: unique keys, then (semel only) the same keys again."""
+
+    unique: float
+    duplicates: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Latency:
+    """p50 and p99 in ms, and the sample count, of one figure."""
+
+    p50_ms: float
+    p99_ms: float
+    samples: int
+
+    @classmethod
+    def of(cls, samples: list[float]) -> Latency | None:
+        cuts = percentiles(samples)
+        return None if cuts is None else cls(cuts[0], cuts[1], len(samples))
+
+
+@dataclass(frozen=True, slots=True)
+class LongRun:
+    """One consumer process after two equal batches, then a light paced load."""
+
+    messages_per_batch: int
+    rss_first_mb: float
+    rss_second_mb: float
+    publish_to_handler: Latency | None
+    delivery_to_ack: Latency | None
+
+    @property
+    def growth(self) -> float:
+        return self.rss_second_mb / self.rss_first_mb - 1
+
+
+class Cases:
+    """Runs cases against one broker connection and one run's backends."""
+
+    def __init__(self, broker: Broker, backends: Backends, logs: Path) -> None:
+        self._broker = broker
+        self._backends = backends
+        self._logs = logs
+
+    @contextlib.asynccontextmanager
+    async def _topology(self, kind: str, case: str) -> AsyncIterator[Settings]:
+        store = "sqlite" if kind == BASELINE else kind  # the baseline never opens a store
+        settings = self._backends.settings(store, case)
+        await self._broker.declare(settings)
+        try:
+            if kind != BASELINE:
+                await self._backends.migrate(settings)
+            yield settings
+        finally:
+            await self._broker.delete(settings)
+
+    def _start(self, kind: str, name: str, settings: Settings, probes: Path | None = None) -> Child:
+        if kind == BASELINE:
+            return start_baseline(name, settings, self._logs, probes)
+        return start_semel(name, settings, self._logs, probes)
+
+    async def throughput(self, kind: str, messages: int, processes: int = 1) -> Drains:
+        """Drain ``messages`` unique keys; for semel, drain the same keys again."""
+        case = f"{kind}-x{processes}"
+        async with self._topology(kind, case) as settings:
+            batch = Batch("k", messages)
+            await self._broker.publish(settings.exchange, batch)
+            unique = await self._drain(kind, settings, batch, processes)
+            if kind == BASELINE or processes > 1:
+                return Drains(unique, None)
+            # Every key is completed now: the second drain is duplicates only.
+            await self._broker.publish(settings.exchange, batch)
+            return Drains(unique, await self._drain(kind, settings, batch, processes))
+
+    async def _drain(self, kind: str, settings: Settings, batch: Batch, processes: int) -> float:
+        # Started only now, on a full queue: process start-up and topology are not timed.
+        group = Group(
+            [self._start(kind, f"{settings.queue}.{n}", settings) for n in range(processes)]
+        )
+        try:
+            seconds = await self._broker.time_drain(settings.queue, batch.count, group)
+        finally:
+            codes = group.stop()
+        await self._check_clean(settings, group.children, codes)
+        for child in group.children:
+            child.discard_log()
+        return batch.count / seconds
+
+    async def _check_clean(
+        self, settings: Settings, children: list[Child], codes: list[int]
+    ) -> None:
+        """Every consumer exited cleanly and no message is left in any queue."""
+        left = await self._broker.leftovers(settings)
+        if left or any(codes):
+            logs = ", ".join(str(child.log) for child in children)
+            raise BenchError(f"{settings.queue}: exit codes {codes}, left {left}; see {logs}")
+
+    async def long_run(self, kind: str, messages: int, rate: float, seconds: float) -> LongRun:
+        """RSS after one batch and after a second; then latency at ``rate`` msg/s."""
+        async with self._topology(kind, "long") as settings:
+            probes = self._logs / f"{settings.queue}.probes"
+            probes.unlink(missing_ok=True)
+            child = self._start(kind, settings.queue, settings, probes)
+            group = Group([child])
+            try:
+                rss: list[float] = []
+                for tag in ("first", "second"):
+                    batch = Batch(tag, messages)
+                    await self._broker.publish(settings.exchange, batch)
+                    await self._settle(settings, batch, group)
+                    rss.append(child.rss() / 2**20)
+                batch = Batch(LATENCY_TAG, max(int(rate * seconds), 20))
+                await self._broker.publish_paced(settings.exchange, batch, rate)
+                await self._settle(settings, batch, group)
+            finally:
+                codes = group.stop()
+            await self._check_clean(settings, [child], codes)
+            to_handler, to_ack = read_probes(probes)
+            if kind != BASELINE:
+                to_ack = settled_durations(child.log, f"{LATENCY_TAG}-")
+            probes.unlink(missing_ok=True)
+            child.discard_log()
+        return LongRun(messages, rss[0], rss[1], Latency.of(to_handler), Latency.of(to_ack))
+
+    async def _settle(self, settings: Settings, batch: Batch, group: Group) -> None:
+        """Wait until ``batch`` is consumed (the consumer was already running: not timed)."""
+        await self._broker.time_drain(settings.queue, batch.count, group, strict=False)

@@ -1,0 +1,190 @@
+"""The benchmark's results: one table on the terminal, the same as JSON, and a bar chart.
+
+Only ratios measured in the same run are compared with the targets; the
+absolute figures depend on the machine and on whatever else it runs.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+# Messages/s as a ratio to the bare consumer, per (store, keys).
+RATIO_TARGETS = {
+    ("redis", "unique"): 0.6,
+    ("redis", "duplicates"): 0.8,
+    ("postgres", "unique"): 0.4,
+    ("sqlite", "unique"): 0.4,
+}
+P99_TARGETS_MS = {"redis": 5.0, "postgres": 10.0}  # delivery to ACK at light load
+RSS_GROWTH_LIMIT = 0.10  # between the two equal batches of the long run
+POWERTOOLS_TARGET = 3.0  # semel's DynamoDB messages/s over Powertools' calls/s
+
+
+@dataclass
+class CaseResult:
+    """Drain throughput of one case over the repeats."""
+
+    case: str
+    consumer: str  # "baseline" or "semel"
+    store: str | None
+    keys: str  # "unique" or "duplicates"
+    processes: int
+    messages: int
+    rates: list[float]
+    target: float | None = None
+    messages_per_s: float = field(init=False)
+    ratio: float | None = None
+
+    def __post_init__(self) -> None:
+        self.messages_per_s = statistics.median(self.rates)
+
+    @property
+    def met(self) -> bool | None:
+        return None if self.target is None or self.ratio is None else self.ratio >= self.target
+
+
+@dataclass
+class Results:
+    meta: dict[str, Any]
+    cases: list[CaseResult]
+    long_runs: dict[str, dict[str, Any]]  # consumer kind -> LongRun as a dict, plus verdicts
+    powertools: dict[str, Any] | None
+
+    def finish(self) -> None:
+        """Ratios against the baseline of the same run, and every target's verdict."""
+        baseline = next(c.messages_per_s for c in self.cases if c.consumer == "baseline")
+        for case in self.cases:
+            case.ratio = case.messages_per_s / baseline
+        for kind, run in self.long_runs.items():
+            run["rss_growth"] = run["rss_second_mb"] / run["rss_first_mb"] - 1
+            run["rss_flat"] = run["rss_growth"] <= RSS_GROWTH_LIMIT
+            target = P99_TARGETS_MS.get(kind)
+            to_ack = run.get("delivery_to_ack")
+            run["p99_target_ms"] = target
+            run["p99_met"] = None if target is None or not to_ack else to_ack["p99_ms"] < target
+        if self.powertools is not None:
+            semel = next(
+                c.messages_per_s for c in self.cases if c.store == "dynamodb" and c.keys == "unique"
+            )
+            pt = self.powertools
+            pt["semel_messages_per_s"] = semel
+            pt["powertools_calls_per_s"] = statistics.median(pt["rates"])
+            pt["ratio"] = semel / pt["powertools_calls_per_s"]
+            pt["target"] = POWERTOOLS_TARGET
+            pt["met"] = pt["ratio"] >= POWERTOOLS_TARGET
+
+    def as_json(self) -> bytes:
+        cases = [asdict(c) | {"met": c.met} for c in self.cases]
+        data: dict[str, Any] = {"meta": self.meta, "cases": cases, "long_runs": self.long_runs}
+        data["powertools"] = self.powertools
+        return orjson.dumps(data, option=orjson.OPT_INDENT_2)
+
+
+def _verdict(met: bool | None) -> str:
+    return "" if met is None else (" [green]ok[/]" if met else " [red]missed[/]")
+
+
+def _latency(run: dict[str, Any] | None, key: str) -> str:
+    figure = None if run is None else run.get(key)
+    if not figure:
+        return "-"
+    return f"{figure['p50_ms']:.2f} / {figure['p99_ms']:.2f}"
+
+
+def _rss(run: dict[str, Any] | None) -> str:
+    if run is None:
+        return "-"
+    growth = f"{run['rss_growth']:+.1%}"
+    flat = growth if run["rss_flat"] else f"[red]{growth}[/]"
+    return f"{run['rss_first_mb']:.0f} → {run['rss_second_mb']:.0f} ({flat})"
+
+
+def table(results: Results) -> Table:
+    grid = Table(title="semel benchmark (median of repeats; ratios against the bare consumer)")
+    for column in ("case", "msg/s", "ratio", "target"):
+        grid.add_column(column, justify="left" if column == "case" else "right")
+    grid.add_column("delivery→ACK p50 / p99 ms", justify="right")
+    grid.add_column("publish→handler p50 / p99 ms", justify="right")
+    grid.add_column("RSS MB, batch 1 → 2", justify="right")
+    for case in results.cases:
+        kind = case.store or "baseline"
+        first_row = case.keys == "unique" and case.processes == 1
+        run = results.long_runs.get(kind) if first_row else None
+        p99 = "" if run is None else _verdict(run.get("p99_met"))
+        grid.add_row(
+            case.case,
+            f"{case.messages_per_s:,.0f}",
+            f"{case.ratio:.2f}" if case.ratio is not None else "-",
+            ("≥ " + f"{case.target:g}" + _verdict(case.met)) if case.target else "",
+            _latency(run, "delivery_to_ack") + p99,
+            _latency(run, "publish_to_handler"),
+            _rss(run),
+        )
+    pt = results.powertools
+    if pt is not None:
+        grid.add_section()
+        grid.add_row("powertools dynamodb (calls/s)", f"{pt['powertools_calls_per_s']:,.0f}")
+        grid.add_row(
+            "semel dynamodb ÷ powertools",
+            f"{pt['semel_messages_per_s']:,.0f}",
+            f"{pt['ratio']:.2f}x",
+            f"≥ {pt['target']:g}x" + _verdict(pt["met"]),
+        )
+    return grid
+
+
+def chart(results: Results, path: Path) -> None:
+    """Bars of each semel case's ratio, with its target as a line across the bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    cases = [c for c in results.cases if c.consumer == "semel"]
+    pt = results.powertools
+    widths = [max(len(cases), 1), 1] if pt else [1]
+    fig, axes = plt.subplots(
+        1,
+        len(widths),
+        figsize=(max(7.0, 3 + 1.1 * sum(widths)), 5),
+        width_ratios=widths,
+        squeeze=False,
+    )
+    ax = axes[0][0]
+    labels = [c.case.removeprefix("semel-") for c in cases]
+    bars = ax.bar(range(len(cases)), [c.ratio or 0 for c in cases], color="#4c72b0")
+    ax.bar_label(bars, fmt="%.2f", padding=2)
+    for x, case in enumerate(cases):
+        if case.target is not None:
+            ax.hlines(case.target, x - 0.45, x + 0.45, colors="#c44e52", linewidth=2.5)
+    ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+    ax.set_xticks(range(len(cases)), labels, rotation=30, ha="right")
+    ax.set_ylabel("messages/s ÷ bare aio-pika consumer")
+    ax.set_title("semel ÷ bare consumer (red: target)")
+    if pt:
+        right = axes[0][1]
+        bar = right.bar([0], [pt["ratio"]], color="#55a868")
+        right.bar_label(bar, fmt="%.2f", padding=2)
+        right.hlines(pt["target"], -0.45, 0.45, colors="#c44e52", linewidth=2.5)
+        right.set_xticks([0], ["dynamodb"])
+        right.set_ylabel("semel msg/s ÷ Powertools calls/s")
+        right.set_title("vs Powertools")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def publish(results: Results, out: Path, console: Console) -> None:
+    """Print the table, write results.json and chart.png into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    console.print(table(results))
+    (out / "results.json").write_bytes(results.as_json())
+    chart(results, out / "chart.png")
+    console.print(f"wrote {out / 'results.json'} and {out / 'chart.png'}")

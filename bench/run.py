@@ -1,0 +1,187 @@
+"""One benchmark run: every case, repeated, in one process against the local servers.
+
+Cases of a repeat run one after the other, baseline first, so slow drifts of
+the machine spread over all of them; each figure is the median of the repeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import sys
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import orjson
+import psutil
+from rich.console import Console
+
+from bench.backends import PREFETCH, Backends
+from bench.broker import BenchError, Broker
+from bench.cases import BASELINE, Cases
+from bench.children import ROOT
+from bench.report import RATIO_TARGETS, CaseResult, Results
+
+# The local DynamoDB-compatible servers answer tens to hundreds of requests a
+# second (moto one at a time): DynamoDB cases drain fewer messages, and their
+# latency is taken at a rate those servers can follow.
+DYNAMODB_MESSAGES = {"full": 2_000, "quick": 100}
+DYNAMODB_LATENCY_RATE = 10.0
+TWO_PROCESS_STORE = "redis"  # the store of the two-consumer case, when it is measured
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one run measures, and how much."""
+
+    messages: int
+    repeat: int
+    stores: list[str]
+    out: Path
+    quick: bool
+    rss_messages: int
+    latency_rate: float
+    latency_seconds: float
+    dynamodb_server: str = "moto"
+
+    def messages_for(self, kind: str) -> int:
+        if kind == "dynamodb":
+            return min(self.messages, DYNAMODB_MESSAGES["quick" if self.quick else "full"])
+        return self.messages
+
+    def rss_messages_for(self, kind: str) -> int:
+        if kind == "dynamodb":
+            return min(self.rss_messages, self.messages_for(kind))
+        return self.rss_messages
+
+    def latency_rate_for(self, kind: str) -> float:
+        return DYNAMODB_LATENCY_RATE if kind == "dynamodb" else self.latency_rate
+
+    @property
+    def two_process_store(self) -> str:
+        return TWO_PROCESS_STORE if TWO_PROCESS_STORE in self.stores else self.stores[0]
+
+
+class Runner:
+    def __init__(self, plan: Plan, console: Console) -> None:
+        self.plan = plan
+        self.console = console
+        self.rates: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+        self.powertools: list[float] = []
+        self.run_id = ""
+
+    def note(self, text: str) -> None:
+        self.console.log(text)
+
+    async def repeat(self, cases: Cases, backends: Backends, index: int) -> None:
+        plan = self.plan
+        kinds = [BASELINE, *plan.stores]
+        for kind in kinds:
+            drains = await cases.throughput(kind, plan.messages_for(kind))
+            self.rates[(kind, "unique", 1)].append(drains.unique)
+            line = f"[{index + 1}/{plan.repeat}] {kind}: {drains.unique:,.0f} msg/s"
+            if drains.duplicates is not None:
+                self.rates[(kind, "duplicates", 1)].append(drains.duplicates)
+                line += f", duplicates {drains.duplicates:,.0f} msg/s"
+            self.note(line)
+        store = plan.two_process_store
+        drains = await cases.throughput(store, plan.messages_for(store), processes=2)
+        self.rates[(store, "unique", 2)].append(drains.unique)
+        self.note(f"[{index + 1}/{plan.repeat}] {store} x2: {drains.unique:,.0f} msg/s")
+        if backends.dynamodb_url is not None:
+            rate = await powertools_rate(backends, plan.messages_for("dynamodb"), f"r{index}")
+            self.powertools.append(rate)
+            self.note(f"[{index + 1}/{plan.repeat}] powertools: {rate:,.0f} calls/s")
+
+    async def measure(self) -> Results:
+        plan = self.plan
+        started = time.monotonic()
+        with Backends(plan.stores, plan.dynamodb_server) as backends:
+            self.run_id = backends.run_id
+            broker = await Broker.open()
+            try:
+                cases = Cases(broker, backends, plan.out / "logs")
+                for index in range(plan.repeat):
+                    await self.repeat(cases, backends, index)
+                long_runs = {}
+                for kind in [BASELINE, *plan.stores]:
+                    rate = plan.latency_rate_for(kind)
+                    run = await cases.long_run(
+                        kind, plan.rss_messages_for(kind), rate, plan.latency_seconds
+                    )
+                    long_runs[kind] = asdict(run) | {"latency_rate": rate}
+                    rss = f"{run.rss_first_mb:.0f} → {run.rss_second_mb:.0f} MB"
+                    self.note(f"long run {kind}: RSS {rss}")
+            finally:
+                await broker.close()
+        results = Results(
+            meta=self.meta(time.monotonic() - started),
+            cases=self.case_results(),
+            long_runs=long_runs,
+            powertools={"rates": self.powertools} if self.powertools else None,
+        )
+        results.finish()
+        return results
+
+    def case_results(self) -> list[CaseResult]:
+        results = []
+        for (kind, keys, processes), rates in self.rates.items():
+            if kind == BASELINE:
+                name, consumer, store = "baseline (bare aio-pika)", BASELINE, None
+            else:
+                name, consumer, store = f"semel-{kind}-{keys}", "semel", kind
+                if processes > 1:
+                    name = f"semel-{kind}-{keys}-{processes}procs"
+            target = RATIO_TARGETS.get((kind, keys)) if processes == 1 else None
+            messages = self.plan.messages_for(kind)
+            results.append(
+                CaseResult(name, consumer, store, keys, processes, messages, rates, target)
+            )
+        return results
+
+    def meta(self, seconds: float) -> dict[str, object]:
+        plan = self.plan
+        return {
+            "run_id": self.run_id,  # in every queue, exchange and key name of the run
+            "messages": plan.messages,
+            "repeat": plan.repeat,
+            "quick": plan.quick,
+            "stores": plan.stores,
+            "prefetch": PREFETCH,
+            "queue_type": "quorum",
+            "rss_messages": plan.rss_messages,
+            "latency_rate": plan.latency_rate,
+            "latency_seconds": plan.latency_seconds,
+            "dynamodb_server": plan.dynamodb_server if "dynamodb" in plan.stores else None,
+            "cpus": os.cpu_count(),
+            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "seconds": round(seconds, 1),
+        }
+
+
+async def powertools_rate(backends: Backends, calls: int, tag: str) -> float:
+    """Calls/s of Powertools' idempotent function, in a child process."""
+    assert backends.dynamodb_url is not None
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.powertools",
+        backends.dynamodb_url,
+        f"powertools_{backends.run_id}",
+        f"{backends.run_id}-{tag}",
+        str(calls),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=ROOT,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
+    )
+    stdout, stderr = await process.communicate()
+    if process.returncode != 0:
+        raise BenchError(f"powertools run failed: {stderr.decode()[-2000:]}")
+    result = orjson.loads(stdout)
+    return float(result["calls"]) / float(result["seconds"])
