@@ -61,6 +61,17 @@ class Consumers(Protocol):
     def unacked(self) -> int | None:
         """Deliveries they hold unacknowledged, as the broker counts them."""
 
+    def cpu_seconds(self) -> float:
+        """CPU time they have used so far, user and system."""
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """How long a drain took, and the consumers' CPU time meanwhile."""
+
+    seconds: float
+    cpu_seconds: float
+
 
 class BenchError(Exception):
     """A case could not be measured (a consumer died, a drain stalled, messages left)."""
@@ -202,14 +213,15 @@ class Broker:
 
     async def time_drain(
         self, queue: str, total: int, consumers: Consumers, *, strict: bool = True
-    ) -> float:
-        """Seconds from the first message leaving ``queue`` to the consumers' last ACK.
+    ) -> Drain:
+        """Time from the first message leaving ``queue`` to the consumers' last ACK.
 
         ``strict``: the first poll must still see all ``total`` messages, or
         the start was missed.
         """
         deadline = time.monotonic() + DRAIN_LIMIT
         started: float | None = None
+        cpu_at_start = 0.0
         before, first = time.monotonic(), True
         while True:
             ready = await self.ready(queue)
@@ -218,6 +230,7 @@ class Broker:
                 if strict and first:
                     raise BenchError(f"{queue}: the consumer started before the timing did")
                 started = (before + now) / 2
+                cpu_at_start = consumers.cpu_seconds()  # leaves out start-up
             if ready == 0:
                 break
             _check_running(deadline, consumers, queue, ready)
@@ -228,7 +241,8 @@ class Broker:
             # A quiet socket may also be a consumer waiting on its store with
             # messages in hand: only the broker's unacked count says it is done.
             if consumers.quiet_for() >= QUIET and await asyncio.to_thread(consumers.unacked) == 0:
-                return max(time.monotonic() - consumers.quiet_for() - started, 1e-6)
+                seconds = max(time.monotonic() - consumers.quiet_for() - started, 1e-6)
+                return Drain(seconds, consumers.cpu_seconds() - cpu_at_start)
             _check_running(deadline, consumers, queue, 0)
             await asyncio.sleep(QUIET / 4)
 

@@ -23,11 +23,19 @@ LATENCY_TAG = "lat"
 
 
 @dataclass(frozen=True, slots=True)
-class Drains:
-    """Messages/s of one case: unique keys, then (semel only) the same keys again."""
+class Rate:
+    """Messages/s of a drain, and the consumers' CPU time per message in µs."""
 
-    unique: float
-    duplicates: float | None
+    per_second: float
+    cpu_us: float
+
+
+@dataclass(frozen=True, slots=True)
+class Drains:
+    """One case: unique keys, then (semel, one process) the same keys again."""
+
+    unique: Rate
+    duplicates: Rate | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,19 +105,19 @@ class Cases:
             await self._broker.publish(settings.exchange, batch)
             return Drains(unique, await self._drain(kind, settings, batch, processes))
 
-    async def _drain(self, kind: str, settings: Settings, batch: Batch, processes: int) -> float:
+    async def _drain(self, kind: str, settings: Settings, batch: Batch, processes: int) -> Rate:
         # Started only now, on a full queue: process start-up and topology are not timed.
         group = Group(
             [self._start(kind, f"{settings.queue}.{n}", settings) for n in range(processes)]
         )
         try:
-            seconds = await self._broker.time_drain(settings.queue, batch.count, group)
+            drain = await self._broker.time_drain(settings.queue, batch.count, group)
         finally:
             codes = group.stop()
         await self._check_clean(settings, group.children, codes)
         for child in group.children:
             child.discard_log()
-        return batch.count / seconds
+        return Rate(batch.count / drain.seconds, drain.cpu_seconds / batch.count * 1e6)
 
     async def _check_clean(
         self, settings: Settings, children: list[Child], codes: list[int]

@@ -62,6 +62,13 @@ class Child:
         """Resident memory in bytes."""
         return int(psutil.Process(self.process.pid).memory_info().rss)
 
+    def cpu_seconds(self) -> float:
+        try:
+            times = psutil.Process(self.process.pid).cpu_times()
+        except psutil.NoSuchProcess:
+            return 0.0
+        return float(times.user + times.system)
+
     def amqp_ports(self) -> set[int]:
         """Local ports of this process's connections to the broker."""
         try:
@@ -145,6 +152,9 @@ class Group:
         ages = _last_sends()
         known = [ages[port] for port in ports if port in ages]
         return min(known) if known and len(known) == len(ports) else 0.0
+
+    def cpu_seconds(self) -> float:
+        return sum(child.cpu_seconds() for child in self.children)
 
     def unacked(self) -> int | None:
         """Deliveries their channels hold unacknowledged; ``None`` if no channel is found."""

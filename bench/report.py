@@ -38,12 +38,15 @@ class CaseResult:
     processes: int
     messages: int
     rates: list[float]
+    cpu_us_per_message: list[float]  # the consumers' CPU time (user + system) per message
     target: float | None = None
     messages_per_s: float = field(init=False)
+    cpu_us: float = field(init=False)
     ratio: float | None = None
 
     def __post_init__(self) -> None:
         self.messages_per_s = statistics.median(self.rates)
+        self.cpu_us = statistics.median(self.cpu_us_per_message)
 
     @property
     def met(self) -> bool | None:
@@ -108,7 +111,7 @@ def _rss(run: dict[str, Any] | None) -> str:
 
 def table(results: Results) -> Table:
     grid = Table(title="semel benchmark (median of repeats; ratios against the bare consumer)")
-    for column in ("case", "msg/s", "ratio", "target"):
+    for column in ("case", "msg/s", "ratio", "target", "CPU µs/msg"):
         grid.add_column(column, justify="left" if column == "case" else "right")
     grid.add_column("delivery→ACK p50 / p99 ms", justify="right")
     grid.add_column("publish→handler p50 / p99 ms", justify="right")
@@ -123,6 +126,7 @@ def table(results: Results) -> Table:
             f"{case.messages_per_s:,.0f}",
             f"{case.ratio:.2f}" if case.ratio is not None else "-",
             ("≥ " + f"{case.target:g}" + _verdict(case.met)) if case.target else "",
+            f"{case.cpu_us:,.0f}",
             _latency(run, "delivery_to_ack") + p99,
             _latency(run, "publish_to_handler"),
             _rss(run),

@@ -21,7 +21,7 @@ from rich.console import Console
 
 from bench.backends import PREFETCH, Backends
 from bench.broker import BenchError, Broker
-from bench.cases import BASELINE, Cases
+from bench.cases import BASELINE, Cases, Rate
 from bench.children import ROOT
 from bench.report import RATIO_TARGETS, CaseResult, Results
 
@@ -69,7 +69,7 @@ class Runner:
     def __init__(self, plan: Plan, console: Console) -> None:
         self.plan = plan
         self.console = console
-        self.rates: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+        self.rates: dict[tuple[str, str, int], list[Rate]] = defaultdict(list)
         self.powertools: list[float] = []
         self.run_id = ""
 
@@ -82,15 +82,16 @@ class Runner:
         for kind in kinds:
             drains = await cases.throughput(kind, plan.messages_for(kind))
             self.rates[(kind, "unique", 1)].append(drains.unique)
-            line = f"[{index + 1}/{plan.repeat}] {kind}: {drains.unique:,.0f} msg/s"
+            line = f"[{index + 1}/{plan.repeat}] {kind}: {drains.unique.per_second:,.0f} msg/s"
             if drains.duplicates is not None:
                 self.rates[(kind, "duplicates", 1)].append(drains.duplicates)
-                line += f", duplicates {drains.duplicates:,.0f} msg/s"
+                line += f", duplicates {drains.duplicates.per_second:,.0f} msg/s"
             self.note(line)
         store = plan.two_process_store
         drains = await cases.throughput(store, plan.messages_for(store), processes=2)
         self.rates[(store, "unique", 2)].append(drains.unique)
-        self.note(f"[{index + 1}/{plan.repeat}] {store} x2: {drains.unique:,.0f} msg/s")
+        rate = drains.unique.per_second
+        self.note(f"[{index + 1}/{plan.repeat}] {store} x2: {rate:,.0f} msg/s")
         if backends.dynamodb_url is not None:
             rate = await powertools_rate(backends, plan.messages_for("dynamodb"), f"r{index}")
             self.powertools.append(rate)
@@ -128,7 +129,7 @@ class Runner:
 
     def case_results(self) -> list[CaseResult]:
         results = []
-        for (kind, keys, processes), rates in self.rates.items():
+        for (kind, keys, processes), drains in self.rates.items():
             if kind == BASELINE:
                 name, consumer, store = "baseline (bare aio-pika)", BASELINE, None
             else:
@@ -137,8 +138,10 @@ class Runner:
                     name = f"semel-{kind}-{keys}-{processes}procs"
             target = RATIO_TARGETS.get((kind, keys)) if processes == 1 else None
             messages = self.plan.messages_for(kind)
+            rates = [drain.per_second for drain in drains]
+            cpu = [drain.cpu_us for drain in drains]
             results.append(
-                CaseResult(name, consumer, store, keys, processes, messages, rates, target)
+                CaseResult(name, consumer, store, keys, processes, messages, rates, cpu, target)
             )
         return results
 
