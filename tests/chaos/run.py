@@ -42,6 +42,7 @@ log = logging.getLogger("semel.chaos")
 
 STORE_CALL_LIMIT = 3.0  # seconds the orchestrator waits for one store read
 READ_CONCURRENCY = 16
+HANDLERS_AT_OUTAGE = 8  # handlers in flight when the store goes away
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,13 +165,18 @@ class Timeline:
             else:
                 log.info("kill %d: pid %d, %d handlers in flight", n + 1, kill.pid, kill.in_flight)
 
-    async def broker_and_store(self, node: RabbitNode, server: StoreServer) -> None:
+    async def broker_and_store(self, node: RabbitNode, server: StoreServer, pool: Pool) -> None:
         await self._at(0.3)
         log.info("broker: stop_app")
         await node.restart(self.config.broker_down)
         log.info("broker: started again")
         if server.can_fail:
             await self._at(0.6)
+            # Right after the broker restart the workers are still reconnecting:
+            # an outage then would meet no handler. Wait for the flow to be back.
+            if not await pool.handlers_running(HANDLERS_AT_OUTAGE, 30):
+                log.warning("store outage starts with fewer than %d handlers running",
+                            HANDLERS_AT_OUTAGE)  # fmt: skip
             log.info("store: outage of %gs begins", self.config.outage)
             began = time.time()
             await server.outage(self.config.outage)
@@ -273,7 +279,7 @@ async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Repo
             sent, *_ = await asyncio.gather(
                 produce(publisher, orders, config.rate, done_checker(store), rng),
                 timeline.kills(pool),
-                timeline.broker_and_store(node, server),
+                timeline.broker_and_store(node, server, pool),
             )
             log.info("producer done (%d confirmed); draining", sent.total)
             observer = await Broker.connect(node.url)

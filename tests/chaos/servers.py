@@ -100,7 +100,26 @@ class RabbitNode:
         self._cleanup = on_exit(self._halt)
 
     @classmethod
-    async def start(cls, deadline: float = 120.0) -> RabbitNode:
+    async def start(cls, deadline: float = 120.0, attempts: int = 2) -> RabbitNode:
+        """A node that answers; a start that fails is retried once on other ports."""
+        for attempt in range(1, attempts + 1):
+            node = cls._prepare()
+            try:
+                await run(["rabbitmq-server", "-detached"], 60, env=node._env())
+                await node.await_startup(deadline)
+                return node
+            except RuntimeError as exc:
+                failure = f"{exc}\n{node.log_tail()}"
+                node.stop()
+                if attempt == attempts:
+                    raise RuntimeError(f"private RabbitMQ node did not start: {failure}") from None
+            except BaseException:
+                node.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _prepare(cls) -> RabbitNode:
         port = _pair_of_free_ports(cls.DIST_OFFSET)
         home = private_dir("semel-chaos-rabbit-", owner="rabbitmq")
         # Our own config file: the system one pins the listener to 5672.
@@ -110,14 +129,27 @@ class RabbitNode:
             "log.console = false\n"
         )
         (home / "enabled_plugins").write_text("[].\n")
-        node = cls(port, home)
+        return cls(port, home)
+
+    def log_tail(self, lines: int = 30) -> str:
+        logs = sorted((self.home / "log").glob("*.log"), key=lambda p: p.stat().st_mtime)
+        if not logs:
+            return "(no node log)"
+        return "\n".join(logs[-1].read_text(errors="replace").splitlines()[-lines:])
+
+    def _gone(self) -> bool:
+        """The node's OS process started and ended (a crash at boot)."""
         try:
-            await run(["rabbitmq-server", "-detached"], 60, env=node._env())
-            await node.await_startup(deadline)
-        except BaseException:
-            node.stop()
-            raise
-        return node
+            pid = int((self.home / "node.pid").read_text().strip())
+        except (OSError, ValueError):
+            return False  # not written yet
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        return False
 
     def _env(self) -> dict[str, str]:
         home = str(self.home)
@@ -144,7 +176,7 @@ class RabbitNode:
                 await self.ctl("await_startup", "--timeout", "30", limit=40)
                 return
             except RuntimeError:
-                if asyncio.get_running_loop().time() > end:
+                if asyncio.get_running_loop().time() > end or self._gone():
                     raise
             await asyncio.sleep(0.5)
 

@@ -141,6 +141,21 @@ class Pool:
             conn.close()
         return None
 
+    async def handlers_running(self, count: int, deadline: float) -> bool:
+        """Wait until the live workers run ``count`` handlers at once (the flow is back)."""
+        conn = sqlite3.connect(f"file:{self.ledger}?mode=ro", uri=True, timeout=5)
+        end = time.monotonic() + deadline
+        try:
+            while time.monotonic() < end:
+                pids = [w.pid for w in self.workers if w.alive()]
+                with contextlib.suppress(sqlite3.Error):
+                    if sum(in_flight(conn, pid, after_effect=False) for pid in pids) >= count:
+                        return True
+                await asyncio.sleep(0.02)
+        finally:
+            conn.close()
+        return False
+
     def _kill(self, worker: Worker, running: int, after_effect: bool) -> Kill:
         pid = worker.pid
         kill = Kill(pid, time.time(), running, after_effect)
