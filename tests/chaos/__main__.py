@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("aiormq", "aio_pika", "psycopg.pool", "botocore"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     reports = asyncio.run(run_all(args))
-    console = Console()
+    # Wide enough for four stores side by side when the output is a file or a pipe.
+    console = Console(width=None if sys.stdout.isatty() else 150)
     console.print(render(reports))
     for line in (line for report in reports for line in evidence(report)):
         console.print(line, markup=False)

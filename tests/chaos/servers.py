@@ -210,7 +210,7 @@ class RabbitNode:
 class StoreServer:
     """The store of a run: how the workers reach it and how to take it away."""
 
-    outage_kind = "none: embedded SQLite file, no server to stop"
+    outage_kind = "skipped: embedded file, no server"
 
     def __init__(self, home: Path) -> None:
         self.home = home
@@ -255,7 +255,7 @@ class Child:
 class PrivateRedis(StoreServer):
     """redis-server with an fsync-always append-only file, so a SIGKILL loses no key."""
 
-    outage_kind = "redis-server SIGKILLed, restarted from its AOF"
+    outage_kind = "server SIGKILLed, restarted from its AOF"
 
     def __init__(self, home: Path) -> None:
         super().__init__(home)
@@ -284,7 +284,7 @@ class PrivateRedis(StoreServer):
 class PrivatePostgres(StoreServer):
     """A throw-away PostgreSQL cluster (initdb + pg_ctl), stopped with ``-m immediate``."""
 
-    outage_kind = "postgres stopped (pg_ctl -m immediate), started again"
+    outage_kind = "server stopped (pg_ctl -m immediate), started"
 
     def __init__(self, home: Path) -> None:
         super().__init__(home)
@@ -339,7 +339,7 @@ class PrivatePostgres(StoreServer):
 class PrivateDynamo(StoreServer):
     """moto behind a TCP proxy: moto keeps its tables in memory, so the outage cuts the port."""
 
-    outage_kind = "port cut by a TCP proxy (moto is in memory: a restart would lose the table)"
+    outage_kind = "port cut by a TCP proxy (moto is in-memory)"
 
     def __init__(self, home: Path) -> None:
         from tests.consumer.harness import TcpProxy  # pytest-free import path stays light

@@ -26,11 +26,11 @@ def _sent(report: Report) -> str:
 
 def _copies(report: Report) -> str:
     sent = report.sent
-    text = f"{sent.concurrent_copies} concurrent, {sent.late_copies} late after completion"
+    text = f"{sent.concurrent_copies} concurrent, {sent.late_copies} late"
     if sent.late_before_done:
         text += f", {sent.late_before_done} late before completion"
     if sent.resends:
-        text += f", {sent.resends} resent unconfirmed"
+        text += f"; {sent.resends} resent"
     return text
 
 
@@ -63,21 +63,20 @@ def _verdict(report: Report) -> str:
 
 ROWS: list[tuple[str, Callable[[Report], object]]] = [
     ("messages sent", _sent),
-    ("  copies", _copies),
+    ("  copies (concurrent, late; resent)", _copies),
     ("distinct keys", lambda r: r.verdict.keys),
     ("workers SIGKILLed mid-handler", _kills),
     ("worker restarts", _restarts),
-    ("broker restarts (stop_app/start_app)", lambda r: r.broker_restarts),
+    ("broker restarts", lambda r: r.broker_restarts),
     ("store outages", _outages),
     ("handler executions / effects", lambda r: f"{r.executions} / {r.effects}"),
-    ("keys completed", lambda r: r.verdict.completed),
-    ("keys dead-lettered (by reason)", _dead_lettered),
-    ("lost (neither completed nor in Q.dlq)", lambda r: len(r.verdict.lost)),
-    ("duplicate effects, explained (killed after effect, before completion)",
-     lambda r: r.verdict.count(KILLED)),
-    ("duplicate effects, lease expired during the store outage", lambda r: r.verdict.count(OUTAGE)),
-    ("duplicate effects, unexplained", lambda r: r.verdict.count(UNEXPLAINED)),
-    ("left in work/retry queues at the end", lambda r: r.left_in_queues),
+    ("keys completed (store)", lambda r: r.verdict.completed),
+    ("keys in Q.dlq (by reason)", _dead_lettered),
+    ("lost", lambda r: len(r.verdict.lost)),
+    ("duplicate effects: explained by a kill", lambda r: r.verdict.count(KILLED)),
+    ("duplicate effects: lease expired in outage", lambda r: r.verdict.count(OUTAGE)),
+    ("duplicate effects: unexplained", lambda r: r.verdict.count(UNEXPLAINED)),
+    ("left in work/retry queues", lambda r: r.left_in_queues),
     ("wall time", lambda r: f"{r.wall:.1f} s"),
     ("verdict", _verdict),
 ]  # fmt: skip
