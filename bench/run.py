@@ -24,6 +24,7 @@ from bench.broker import BenchError, Broker
 from bench.cases import BASELINE, Cases, Rate
 from bench.children import ROOT
 from bench.report import RATIO_TARGETS, CaseResult, Results
+from bench.store_only import pairs_per_second
 
 # The local DynamoDB-compatible servers answer tens to hundreds of requests a
 # second (moto one at a time): DynamoDB cases drain fewer messages, and their
@@ -70,7 +71,7 @@ class Runner:
         self.plan = plan
         self.console = console
         self.rates: dict[tuple[str, str, int], list[Rate]] = defaultdict(list)
-        self.powertools: list[float] = []
+        self.powertools: dict[str, list[float]] = defaultdict(list)
         self.run_id = ""
 
     def note(self, text: str) -> None:
@@ -93,9 +94,19 @@ class Runner:
         rate = drains.unique.per_second
         self.note(f"[{index + 1}/{plan.repeat}] {store} x2: {rate:,.0f} msg/s")
         if backends.dynamodb_url is not None:
-            rate = await powertools_rate(backends, plan.messages_for("dynamodb"), f"r{index}")
-            self.powertools.append(rate)
-            self.note(f"[{index + 1}/{plan.repeat}] powertools: {rate:,.0f} calls/s")
+            await self.dynamodb_comparison(backends, index)
+
+    async def dynamodb_comparison(self, backends: Backends, index: int) -> None:
+        """Powertools' calls/s, and semel's store alone at 1 and a full window in flight."""
+        calls = self.plan.messages_for("dynamodb")
+        rate = await powertools_rate(backends, calls, f"r{index}")
+        self.powertools["rates"].append(rate)
+        line = f"[{index + 1}/{self.plan.repeat}] powertools: {rate:,.0f} calls/s"
+        for in_flight in (1, PREFETCH):
+            pairs = await pairs_per_second(backends, "dynamodb", calls, in_flight)
+            self.powertools[f"semel_store_{in_flight}_in_flight"].append(pairs)
+            line += f", semel store {in_flight} in flight: {pairs:,.0f} pairs/s"
+        self.note(line)
 
     async def measure(self) -> Results:
         plan = self.plan
@@ -122,7 +133,7 @@ class Runner:
             meta=self.meta(time.monotonic() - started),
             cases=self.case_results(),
             long_runs=long_runs,
-            powertools={"rates": self.powertools} if self.powertools else None,
+            powertools=dict(self.powertools) if self.powertools else None,
         )
         results.finish()
         return results
