@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = parse(sys.argv[1:] if argv is None else argv)
     console = Console()
     if not console.is_terminal:
-        console = Console(width=150)  # a CI log or a file: keep the table on one line per row
+        console = Console(width=160)  # a CI log or a file: keep the table on one line per row
     try:
         results = asyncio.run(Runner(plan, console).measure())
     except BenchError as exc:

@@ -100,11 +100,11 @@ class Runner:
         """Powertools' calls/s, and semel's store alone at 1 and a full window in flight."""
         calls = self.plan.messages_for("dynamodb")
         rate = await powertools_rate(backends, calls, f"r{index}")
-        self.powertools["rates"].append(rate)
+        self.powertools["powertools_rates"].append(rate)
         line = f"[{index + 1}/{self.plan.repeat}] powertools: {rate:,.0f} calls/s"
         for in_flight in (1, PREFETCH):
             pairs = await pairs_per_second(backends, "dynamodb", calls, in_flight)
-            self.powertools[f"semel_store_{in_flight}_in_flight"].append(pairs)
+            self.powertools[f"store_rates_{in_flight}"].append(pairs)
             line += f", semel store {in_flight} in flight: {pairs:,.0f} pairs/s"
         self.note(line)
 
