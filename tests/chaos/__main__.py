@@ -19,6 +19,15 @@ started, DynamoDB's port is cut by a TCP proxy (moto keeps its tables in
 memory), SQLite has no server and skips that fault. Then it waits until every
 key is completed in the store or in ``Q.dlq`` and prints one table.
 
+Reading the table: *lost* counts keys neither completed in the store
+(``get(key)``) nor in the private broker's ``Q.dlq``. The ledger
+(``tests.chaos.ledger``) records every execution and stamps its side effect;
+a key with two stamped effects is a *duplicate effect*. One is *explained by
+a kill* when its worker was SIGKILLed after the effect and never settled the
+delivery; *lease expired in outage* when its worker handed the delivery back
+because the store was unreachable during the outage (the lease then ran out
+and a redelivery ran the handler again); anything else is *unexplained*.
+
 Exit status: 0 when every store ends with lost = 0 and no unexplained
 duplicate effect; 1 otherwise (the evidence is printed under the table); 2 on
 bad usage. ``--keep DIR`` keeps each store's ledger and worker logs.

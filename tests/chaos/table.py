@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 from rich.table import Table
@@ -48,6 +49,12 @@ def _outages(report: Report) -> str:
     return f"{report.outages}: {report.outage_kind}" if report.outages else report.outage_kind
 
 
+def _outage_duplicates(report: Report) -> str:
+    found = [d for d in report.verdict.duplicates if d.cause == OUTAGE]
+    returned = sum(1 for d in found if d.returned)
+    return f"{len(found)} ({returned} after the handler returned)" if found else "0"
+
+
 def _verdict(report: Report) -> str:
     if report.ok:
         return "PASS"
@@ -74,7 +81,7 @@ ROWS: list[tuple[str, Callable[[Report], object]]] = [
     ("keys in Q.dlq (by reason)", _dead_lettered),
     ("lost", lambda r: len(r.verdict.lost)),
     ("duplicate effects: explained by a kill", lambda r: r.verdict.count(KILLED)),
-    ("duplicate effects: lease expired in outage", lambda r: r.verdict.count(OUTAGE)),
+    ("duplicate effects: lease expired in outage", _outage_duplicates),
     ("duplicate effects: unexplained", lambda r: r.verdict.count(UNEXPLAINED)),
     ("left in work/retry queues", lambda r: r.left_in_queues),
     ("wall time", lambda r: f"{r.wall:.1f} s"),
@@ -92,10 +99,13 @@ def render(reports: list[Report]) -> Table:
     return table
 
 
-def evidence(report: Report, limit: int = 20) -> list[str]:
-    """Lines naming each lost key and each duplicate effect that is not a plain kill."""
+def evidence(report: Report, limit: int = 20, examples: int = 3) -> list[str]:
+    """Each lost key and unexplained duplicate (up to ``limit``), a few examples of the rest."""
     lines = [f"{report.store}: lost {key}" for key in report.verdict.lost[:limit]]
+    shown: Counter[str] = Counter()
     for dup in report.verdict.duplicates:
-        if dup.cause != KILLED:
+        cap = limit if dup.cause == UNEXPLAINED else examples
+        if dup.cause != KILLED and shown[dup.cause] < cap:
+            shown[dup.cause] += 1
             lines.append(f"{report.store}: {dup.cause} {dup.key} fence {dup.fence}: {dup.evidence}")
-    return lines[: limit * 2]
+    return lines

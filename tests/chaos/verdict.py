@@ -71,6 +71,7 @@ class Duplicate:
     pid: int
     cause: str
     evidence: str
+    returned: bool  # the handler had returned: only its completion was missing
 
 
 @dataclass(slots=True)
@@ -126,7 +127,11 @@ def classify(
     if outcomes:
         last = outcomes[-1]
         if last.outcome.startswith(HANDED_BACK) and _overlaps(effect.started, last.at, outages):
-            return OUTAGE, f"pid {effect.pid} settled it as {last.outcome!r} during a store outage"
+            ended = "returned" if effect.outcome == "returned" else "was cut short"
+            return OUTAGE, (
+                f"pid {effect.pid}: the handler {ended}, then the delivery settled as "
+                f"{last.outcome!r} {last.at - effect.effect:.2f}s after the effect, in the outage"
+            )
         return UNEXPLAINED, f"pid {effect.pid} settled fence {effect.fence} as {last.outcome!r}"
     killed = [k for k in kills if k.pid == effect.pid and k.at >= effect.effect]
     if killed:
@@ -162,7 +167,8 @@ def duplicates_of(
                 )
             else:
                 cause, evidence = classify(run, by_key[key], kills, outages)
-            found.append(Duplicate(key, run.fence, run.pid, cause, evidence))
+            returned = run.outcome == "returned"
+            found.append(Duplicate(key, run.fence, run.pid, cause, evidence, returned))
     return found
 
 
