@@ -17,9 +17,10 @@ from tests.conftest import SettingsFactory, open_store
 from tests.consumer.handlers import LEDGER_ENV
 from tests.consumer.harness import Broker, InProcessConsumer
 
-# One DynamoDB server is enough here (the store contract suite runs both); dynalite
-# serialises requests, so concurrent conditional writes stay atomic as on AWS.
-CONSUMER_BACKENDS = ["sqlite", "postgres", "redis", "dynamodb-dynalite"]
+# One DynamoDB server is enough here (the store contract suite runs both). moto,
+# run one request at a time so conditional writes stay atomic as on AWS; dynalite
+# would crash whenever a test SIGKILLs a consumer in the middle of a request.
+CONSUMER_BACKENDS = ["sqlite", "postgres", "redis", "dynamodb-moto"]
 
 # Short delays so a retry or a conflict comes back in well under a second.
 FAST: dict[str, Any] = {

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(60)
     ("backend", "handler", "error"),
     [
         # Only DynamoDB refuses a large result; the others keep it whole.
-        ("dynamodb-dynalite", "oversized", "ResultTooLarge: result of"),
+        ("dynamodb-moto", "oversized", "ResultTooLarge: result of"),
         ("sqlite", "unserialisable", "result is not JSON"),
     ],
 )
