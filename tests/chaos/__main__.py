@@ -44,8 +44,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from tests.chaos.rabbit import RabbitNode
 from tests.chaos.run import ChaosConfig, Report, run_chaos
-from tests.chaos.servers import RabbitNode
 from tests.chaos.table import evidence, render
 
 STORES = ("sqlite", "postgres", "redis", "dynamodb")

@@ -2,7 +2,7 @@
 
 The timeline is laid out over the expected publishing time ``flow``: worker
 kills spread over 10-85 % of it, the broker restart at 30 %, the store outage
-at 60 %, so every fault lands while messages flow. After the producer is done
+at 60 % once handlers run again, so every fault lands while messages flow. After the producer is done
 the run waits (up to the drain deadline) until every key is completed in the
 store or dead-lettered and the work, retry and conflict queues are empty.
 """
@@ -16,22 +16,22 @@ import random
 import shutil
 import time
 import uuid
-from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aio_pika
 
-from consumer.names import Topology
 from consumer.topology import declare
 from settings import Settings
-from stores.base import Record, Status, Store
-from stores.errors import StoreError
+from stores.base import Status, Store
+from tests.chaos.drain import Drain, statuses
 from tests.chaos.ledger import LEDGER_ENV, read_runs
+from tests.chaos.processes import private_dir
 from tests.chaos.producer import Order, Publisher, Sent, plan, produce
-from tests.chaos.servers import RabbitNode, StoreServer, private_dir, start_store
+from tests.chaos.rabbit import RabbitNode
+from tests.chaos.servers import StoreServer, start_store
 from tests.chaos.verdict import Verdict, duplicates_of, judge, read_settled
 from tests.chaos.workers import Pool
 from tests.conftest import open_store, settings_env
@@ -40,8 +40,6 @@ from tests.servers import aws_test_credentials
 
 log = logging.getLogger("semel.chaos")
 
-STORE_CALL_LIMIT = 3.0  # seconds the orchestrator waits for one store read
-READ_CONCURRENCY = 16
 HANDLERS_AT_OUTAGE = 8  # handlers in flight when the store goes away
 
 
@@ -116,25 +114,6 @@ def chaos_settings(
     return Settings(**(overrides | server.settings()))
 
 
-async def _bounded(store_call: Awaitable[Record | None]) -> Record | None:
-    return await asyncio.wait_for(store_call, STORE_CALL_LIMIT)
-
-
-async def statuses(store: Store, keys: Iterable[str]) -> dict[str, Status | None]:
-    """Each key's status in the store; a key whose read fails counts as unknown (None)."""
-    limit = asyncio.Semaphore(READ_CONCURRENCY)
-
-    async def one(key: str) -> tuple[str, Status | None]:
-        async with limit:
-            try:
-                record = await _bounded(store.get(key))
-            except (StoreError, TimeoutError):
-                return key, None
-            return key, None if record is None else record.status
-
-    return dict(await asyncio.gather(*(one(k) for k in keys)))
-
-
 def done_checker(store: Store) -> Callable[[str], Awaitable[bool]]:
     async def is_done(key: str) -> bool:
         found = await statuses(store, [key])
@@ -190,47 +169,6 @@ async def wait_for_consumers(observer: Broker, queue: str, count: int, deadline:
         if time.monotonic() > end:
             raise RuntimeError(f"{count} workers not consuming {queue} after {deadline:g}s")
         await asyncio.sleep(0.2)
-
-
-class Drain:
-    """Waits until every key is settled, reading the DLQ and the store as it goes."""
-
-    def __init__(self, observer: Broker, store: Store, settings: Settings, keys: list[str]) -> None:
-        self.observer, self.store, self.settings = observer, store, settings
-        self.keys = keys
-        self.dead: dict[str, set[str]] = defaultdict(set)
-        self.dlq_messages = 0
-        self.completed: set[str] = set()
-
-    async def read_dlq(self) -> None:
-        for letter in await self.observer.dead_letters(self.settings):
-            self.dead[letter.key].add(letter.reason)
-            self.dlq_messages += 1
-
-    async def busy(self) -> int:
-        """Messages waiting in the work, retry and conflict queues."""
-        dlq = Topology(self.settings.queue).dead_letter_queue
-        depths = await self.observer.depths(self.settings)
-        return sum(depth for name, depth in depths.items() if name != dlq)
-
-    async def until_settled(self, deadline: float) -> bool:
-        end = time.monotonic() + deadline
-        pending = set(self.keys)
-        while True:
-            await self.read_dlq()
-            pending -= self.dead.keys()
-            found = await statuses(self.store, pending)
-            pending -= {k for k, status in found.items() if status is Status.COMPLETED}
-            if not pending and await self.busy() == 0:
-                return True
-            if time.monotonic() > end:
-                return False
-            await asyncio.sleep(0.5)
-
-    async def final(self) -> None:
-        await self.read_dlq()
-        found = await statuses(self.store, self.keys)
-        self.completed = {k for k, status in found.items() if status is Status.COMPLETED}
 
 
 async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Report:

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from tests.chaos.rabbit import RabbitNode
 from tests.chaos.run import ChaosConfig, Report, run_chaos
-from tests.chaos.servers import RabbitNode
 from tests.chaos.table import evidence, render
 from tests.chaos.verdict import UNEXPLAINED
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.chaos.ledger import in_flight
-from tests.chaos.servers import on_exit
+from tests.chaos.processes import on_exit
 from tests.servers import ROOT
 
 STOP_WAIT = 20.0  # seconds a SIGTERMed worker gets before SIGKILL

@@ -1,0 +1,186 @@
+"""A private RabbitMQ node for a chaos run, restartable with stop_app / start_app.
+
+A second node on this machine, beside the shared one: its own name, ports,
+config, data and log directories, all under a temporary directory. The
+shared node's environment file still applies (loopback distribution); the
+node name, ports and paths given here override it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from tests.chaos.processes import on_exit, private_dir, run, wait_gone
+
+
+def bindable(port: int) -> bool:
+    """Nothing holds ``port`` on loopback, not even an outgoing connection."""
+    with contextlib.closing(socket.socket()) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _pair_of_free_ports(offset: int) -> int:
+    # RabbitMQ's distribution port is the AMQP port + offset; both must be free,
+    # and both below the kernel's ephemeral range, where any outgoing connection
+    # may take a port between our check and the node's bind.
+    ephemeral = _ephemeral_start()
+    for _ in range(200):
+        port = random.randint(10_000, ephemeral - offset - 1)
+        if bindable(port) and bindable(port + offset):
+            return port
+    raise RuntimeError("no free port pair for a private RabbitMQ node")
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
+class RabbitNode:
+    """A second RabbitMQ node on a private port, restartable with stop_app / start_app."""
+
+    DIST_OFFSET = 20_000
+
+    def __init__(self, port: int, home: Path) -> None:
+        self.port = port
+        self.home = home
+        self.node = f"semel-chaos-{port}@localhost"
+        self.url = f"amqp://guest:guest@127.0.0.1:{port}/"
+        self.restarts = 0
+        self.launched = False
+        self._cleanup = on_exit(self._halt)
+
+    @classmethod
+    async def start(cls, deadline: float = 120.0, attempts: int = 2) -> RabbitNode:
+        """A node that answers; a start that fails is retried once on other ports."""
+        for attempt in range(1, attempts + 1):
+            node = cls._prepare()
+            try:
+                node.launched = True
+                await run(["rabbitmq-server", "-detached"], 60, env=node._env())
+                await node.await_startup(deadline)
+                return node
+            except RuntimeError as exc:
+                failure = f"{exc}\n{node.log_tail()}"
+                node.stop()
+                if attempt == attempts:
+                    raise RuntimeError(f"private RabbitMQ node did not start: {failure}") from None
+            except BaseException:
+                node.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _prepare(cls) -> RabbitNode:
+        port = _pair_of_free_ports(cls.DIST_OFFSET)
+        home = private_dir("semel-chaos-rabbit-", owner="rabbitmq")
+        # Our own config file: the system one pins the listener to 5672.
+        (home / "rabbitmq.conf").write_text(
+            f"listeners.tcp.local = 127.0.0.1:{port}\n"
+            "disk_free_limit.absolute = 50MB\n"
+            "log.console = false\n"
+        )
+        (home / "enabled_plugins").write_text("[].\n")
+        return cls(port, home)
+
+    def log_tail(self, lines: int = 30) -> str:
+        dump = self.home / "erl_crash.dump"
+        if dump.exists():
+            return "\n".join(dump.read_text(errors="replace").splitlines()[:3])
+        logs = sorted((self.home / "log").glob("*.log"), key=lambda p: p.stat().st_mtime)
+        if not logs:
+            return "(no node log)"
+        return "\n".join(logs[-1].read_text(errors="replace").splitlines()[-lines:])
+
+    def _crashed(self) -> bool:
+        """The VM died at boot (a port taken, say): it leaves a crash dump, no log."""
+        return (self.home / "erl_crash.dump").exists()
+
+    def _env(self) -> dict[str, str]:
+        home = str(self.home)
+        return os.environ | {
+            "RABBITMQ_NODENAME": self.node,
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.port + self.DIST_OFFSET),
+            "RABBITMQ_MNESIA_BASE": f"{home}/mnesia",
+            "RABBITMQ_LOG_BASE": f"{home}/log",
+            "RABBITMQ_PID_FILE": f"{home}/node.pid",
+            "RABBITMQ_ENABLED_PLUGINS_FILE": f"{home}/enabled_plugins",
+            "RABBITMQ_CONFIG_FILE": f"{home}/rabbitmq",
+            "RABBITMQ_ADVANCED_CONFIG_FILE": f"{home}/advanced.config",
+            "ERL_CRASH_DUMP": f"{home}/erl_crash.dump",
+        }
+
+    async def ctl(self, *args: str, limit: float = 60.0) -> str:
+        return await run(["rabbitmqctl", "-n", self.node, *args], limit, env=self._env())
+
+    async def await_startup(self, deadline: float) -> None:
+        """The detached server registers its node name a moment after the command returns."""
+        end = asyncio.get_running_loop().time() + deadline
+        while True:
+            try:
+                await self.ctl("await_startup", "--timeout", "30", limit=40)
+                return
+            except RuntimeError:
+                if asyncio.get_running_loop().time() > end or self._crashed():
+                    raise
+            await asyncio.sleep(0.5)
+
+    async def restart(self, down: float) -> None:
+        """``rabbitmqctl stop_app``, ``down`` seconds without a broker, ``start_app``."""
+        await self.ctl("stop_app")
+        await asyncio.sleep(down)
+        await self.ctl("start_app")
+        await self.await_startup(60)
+        self.restarts += 1
+
+    def _halt(self) -> None:
+        # A node still booting has no pid file yet: stopping it now would miss it.
+        end = time.monotonic() + 20
+        while self.launched and self._pid() is None and not self._crashed():
+            if time.monotonic() > end:
+                break
+            time.sleep(0.2)
+        if not self._crashed():
+            # No pid file argument: with one, stop waits for a node that never
+            # started to write it, forever.
+            ctl = subprocess.Popen(
+                ["rabbitmqctl", "-n", self.node, "stop"],
+                env=self._env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            try:
+                ctl.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(ctl.pid, signal.SIGKILL)
+                ctl.wait()
+        pid = self._pid()
+        if pid is not None:
+            wait_gone(pid, 30)
+        shutil.rmtree(self.home, ignore_errors=True)
+
+    def _pid(self) -> int | None:
+        try:
+            return int((self.home / "node.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def stop(self) -> None:
+        self._cleanup()
