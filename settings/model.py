@@ -82,6 +82,9 @@ class Settings(BaseSettings):
         "redis://localhost:6379/0", validation_alias=_env("REDIS_URL", "REDIS_URL")
     )
     postgres_table: str = Field("semel_keys", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+    # Handlers write to PostgreSQL in the transaction that completes their key.
+    transactional: bool = False
+    outbox_table: str = Field("semel_outbox", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
     dynamodb_table: str = Field("semel_keys", pattern=r"^[A-Za-z0-9_.-]{3,255}$")
     dynamodb_endpoint_url: str | None = Field(
         None,
@@ -175,6 +178,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"{PREFIX}RETENTION: {self.retention:g}s is shorter than "
                 f"{PREFIX}LOCK_TTL ({self.lock_ttl:g}s)"
+            )
+        if self.transactional and self.store is not StoreKind.POSTGRES:
+            raise ValueError(
+                f"{PREFIX}TRANSACTIONAL: needs {PREFIX}STORE=postgres "
+                f"({PREFIX}STORE is {self.store.value})"
             )
         return self
 
