@@ -25,6 +25,7 @@ from consumer.topology import DLQ_ROUTING_KEY
 
 CONFIRM_TIMEOUT = 15.0  # seconds to wait for the broker's confirm of a copy
 UNCONFIRMED_PAUSE = 1.0  # seconds before a delivery whose copy failed goes back
+COPY_UNCONFIRMED = "requeued-copy-unconfirmed"  # the outcome when a copy failed
 _BROKER_TROUBLE = (AMQPError, ConnectionError, RuntimeError, asyncio.TimeoutError)
 
 log = structlog.get_logger("semel.settle")
@@ -86,7 +87,7 @@ class Settler:
             # Held a moment before it goes back: an unroutable or refused copy
             # would otherwise loop between this worker and the broker.
             await asyncio.sleep(UNCONFIRMED_PAUSE)
-            return await _nack(message, requeue=True, outcome="requeued-copy-unconfirmed")
+            return await _nack(message, requeue=True, outcome=COPY_UNCONFIRMED)
         if after_copy is not None:
             await after_copy()
         return await _ack(message, decision.outcome)
