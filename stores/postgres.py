@@ -10,7 +10,7 @@ and retention time is computed from the server's ``now()``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -268,6 +268,15 @@ def pool_size(prefetch: int) -> int:
 
 async def open_store(settings: Settings) -> Store:
     """Open a pool to ``settings.postgres_dsn``; fails fast when the server is down."""
+    return PostgresStore(store_config(settings), await open_pool(settings), settings.postgres_table)
+
+
+async def open_pool(
+    settings: Settings,
+    name: str = "semel-postgres",
+    configure: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
+) -> AsyncConnectionPool:
+    """An open pool of autocommit connections; ``configure`` runs on each new one."""
     kwargs: dict[str, Any] = {"autocommit": True, "application_name": "semel"}
     if "connect_timeout" not in conninfo_to_dict(settings.postgres_dsn):
         kwargs["connect_timeout"] = CONNECT_TIMEOUT
@@ -285,11 +294,12 @@ async def open_store(settings: Settings) -> Store:
         kwargs=kwargs,
         timeout=POOL_TIMEOUT,
         open=False,
-        name="semel-postgres",
+        name=name,
+        configure=configure,
     )
     try:
         await pool.open(wait=True, timeout=POOL_TIMEOUT)
     except UNAVAILABLE as exc:
         await pool.close()
         raise StoreUnavailable(BACKEND, describe(exc)) from exc
-    return PostgresStore(store_config(settings), pool, settings.postgres_table)
+    return pool
