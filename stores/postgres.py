@@ -268,6 +268,10 @@ def pool_size(prefetch: int) -> int:
 
 async def open_store(settings: Settings) -> Store:
     """Open a pool to ``settings.postgres_dsn``; fails fast when the server is down."""
+    if settings.transactional:
+        from stores import postgres_tx  # the variant imports this module
+
+        return await postgres_tx.open_store(settings)
     return PostgresStore(store_config(settings), await open_pool(settings), settings.postgres_table)
 
 

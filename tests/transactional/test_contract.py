@@ -1,0 +1,56 @@
+"""The store contract, run against the PostgreSQL store in transactional mode
+(this package's ``make_store``), plus its race of many claimers per key."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from stores.base import Outcome
+from tests.conftest import SettingsFactory, open_store
+from tests.stores.race import race_claims
+from tests.stores.test_contract import (
+    test_completion_resets_nothing_but_retention_forgets,
+    test_first_claim_then_duplicate_returns_stored_result,
+    test_heartbeat_keeps_lease_past_ttl,
+    test_lease_expiry_takeover_fences_out_old_owner,
+    test_migrate_is_idempotent,
+    test_mismatch_writes_nothing,
+    test_poison_after_max_claims,
+    test_release_lets_next_claim_in_with_higher_fence,
+    test_reset_lets_failed_key_run_again,
+    test_terminal_failure_is_remembered,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+__all__ = [
+    "test_completion_resets_nothing_but_retention_forgets",
+    "test_first_claim_then_duplicate_returns_stored_result",
+    "test_heartbeat_keeps_lease_past_ttl",
+    "test_lease_expiry_takeover_fences_out_old_owner",
+    "test_migrate_is_idempotent",
+    "test_mismatch_writes_nothing",
+    "test_poison_after_max_claims",
+    "test_release_lets_next_claim_in_with_higher_fence",
+    "test_reset_lets_failed_key_run_again",
+    "test_terminal_failure_is_remembered",
+]
+
+
+async def test_race_one_winner_per_key(make_settings_tx: SettingsFactory, tables: None) -> None:
+    settings = make_settings_tx()
+    store = await open_store(settings)
+    try:
+        await store.migrate()
+    finally:
+        await store.close()
+    keys = [f"race-{i}" for i in range(20)]
+    outcomes = await asyncio.to_thread(race_claims, settings, keys, processes=2, claimers=25)
+    for key in keys:
+        won = [fence for outcome, fence in outcomes[key] if outcome == Outcome.CLAIMED]
+        assert len(outcomes[key]) == 50
+        assert len(won) == 1, f"{key}: {len(won)} winners"
+        # Claimers that met the row locked answer "in progress" rather than wait.
+        assert {o for o, _ in outcomes[key]} <= {Outcome.CLAIMED, Outcome.IN_PROGRESS}
