@@ -16,7 +16,11 @@ from dependency_injector import containers, providers
 
 from consumer.broker import open_connection
 from consumer.handler import load_handler
+from consumer.httpd import open_operations
+from consumer.metered import MeteredStore
+from consumer.metrics import Metrics, MetricsObserver, timed
 from consumer.runner import Worker
+from consumer.tracing import traced
 from settings import Settings, load_settings
 from stores.base import Store
 
@@ -63,6 +67,22 @@ class Container(containers.DeclarativeContainer):
 
     connection = providers.Resource(open_connection, settings)
 
+    # Operations: the worker sees the store and the handler through meters,
+    # and its pipeline reports to an observer (metrics, plus spans when
+    # OpenTelemetry is configured). `health` serves /metrics, /healthz, /readyz.
+    metrics = providers.Singleton(Metrics)
+    metered_store = providers.Singleton(MeteredStore, store, metrics)
+    timed_handler = providers.Singleton(timed, handler, metrics)
+    observer = providers.Singleton(
+        traced, providers.Factory(MetricsObserver, metrics), settings.provided.queue
+    )
+    health = providers.Resource(open_operations, settings, metrics)
+
     worker = providers.Factory(
-        Worker, connection=connection, store=store, handler=handler, settings=settings
+        Worker,
+        connection=connection,
+        store=metered_store,
+        handler=timed_handler,
+        settings=settings,
+        observer=observer,
     )

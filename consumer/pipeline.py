@@ -35,6 +35,7 @@ from consumer.decide import (
 from consumer.handler import Context, Handler, Lease, LeaseLost, run_leased
 from consumer.message import BadMessage, KeySource, Parsed, best_effort_key, origin, parse
 from consumer.names import Reason
+from consumer.observe import Observer
 from consumer.settle import AfterCopy, Settler
 from settings import Settings, redact
 from stores.base import Store
@@ -62,16 +63,27 @@ class Pipeline:
     """Processes deliveries of the work queue; safe to run concurrently."""
 
     def __init__(
-        self, *, store: Store, handler: Handler, settings: Settings, settler: Settler
+        self,
+        *,
+        store: Store,
+        handler: Handler,
+        settings: Settings,
+        settler: Settler,
+        observer: Observer | None = None,
     ) -> None:
         self._store = store
         self._handler = handler
         self._settings = settings
         self._settler = settler
         self._source = KeySource.parse(settings.key_source)
+        self._observer = observer or Observer()
 
     async def handle(self, message: AbstractIncomingMessage) -> Settle:
         """Process and settle ``message``; returns the decision applied."""
+        with self._observer.delivery(message):
+            return await self._handle(message)
+
+    async def _handle(self, message: AbstractIncomingMessage) -> Settle:
         headers = dict(message.headers)
         route = origin(
             headers, message.exchange or "", message.routing_key or "", self._settings.queue
@@ -101,6 +113,7 @@ class Pipeline:
         except StoreUnavailable as exc:
             return await self._settle(delivery, Requeue(describe(exc)))
         delivery.fence = claim.fence
+        self._observer.claimed(claim, facts.attempt)
         step = decide_after_claim(claim)
         if not isinstance(step, Run):
             return await self._settle(delivery, step)
@@ -215,6 +228,7 @@ class Pipeline:
         outcome = await self._settler.apply(
             delivery.message, decision, facts, after_copy=after_copy
         )
+        self._observer.settled(delivery, decision, outcome)
         fields: dict[str, Any] = {
             "key": facts.key,
             "fence": delivery.fence,

@@ -18,6 +18,7 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 from consumer.decide import Requeue
 from consumer.handler import Handler
 from consumer.names import Topology
+from consumer.observe import Observer
 from consumer.pipeline import Pipeline
 from consumer.settle import Settler
 from consumer.supervise import BROKER_CALL_TIMEOUT, Intake, StoreGate, broker_gone_for
@@ -40,11 +41,13 @@ class Worker:
         store: Store,
         handler: Handler,
         settings: Settings,
+        observer: Observer | None = None,
     ) -> None:
         self._connection = connection
         self._store = store
         self._handler = handler
         self._settings = settings
+        self._observer = observer
         self._tasks: set[asyncio.Task[None]] = set()
         self._accepting = False
         self._pipeline: Pipeline | None = None
@@ -58,7 +61,11 @@ class Worker:
         publishing = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
         settler = await Settler.open(publishing, names)
         self._pipeline = Pipeline(
-            store=self._store, handler=self._handler, settings=self._settings, settler=settler
+            store=self._store,
+            handler=self._handler,
+            settings=self._settings,
+            settler=settler,
+            observer=self._observer,
         )
         queue = await consuming.get_queue(self._settings.queue, ensure=True)
         intake = Intake(queue, self._on_message)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import signal
+from typing import Any
 
 import structlog
 from aiormq.exceptions import AMQPError
@@ -17,6 +18,8 @@ from aiormq.exceptions import AMQPError
 from consumer.broker import BrokerUnavailable
 from consumer.container import Container, shutdown
 from consumer.handler import HandlerLoadError
+from consumer.health import Health
+from consumer.httpd import ListenError
 from consumer.logs import configure
 from consumer.runner import Worker
 from consumer.topology import TopologyMismatch, declare
@@ -48,19 +51,27 @@ async def consume(container: Container | None = None, stop: asyncio.Event | None
         raise StartupError(str(exc), EXIT_USAGE) from None
     configure(settings.log_format)
     try:
+        # Served first, so /healthz answers while the store and the broker are awaited.
+        health: Health = await container.health.async_()
         container.handler()  # a handler that cannot load stops us before any connection
         # Opened before the broker, so a store error stops start-up early. A
         # test's Object override is not awaitable; the backend Resource is.
         store = container.store()
         if inspect.isawaitable(store):
             await store
+        metered: Any = container.metered_store()  # awaitable unless a test overrode the store
+        if inspect.isawaitable(metered):
+            metered = await metered
+        health.watch_store(metered)
         connection = await container.connection.async_()
+        health.watch_broker(connection)
+        container.metrics().count_reconnects(connection)
         await declare(connection, settings)
         worker: Worker = await container.worker.async_()
         return await worker.run(stop or stop_on_signals())
     except (HandlerLoadError, TopologyMismatch) as exc:
         raise StartupError(str(exc), EXIT_USAGE) from None
-    except (StoreError, BrokerUnavailable, AMQPError) as exc:
+    except (StoreError, BrokerUnavailable, AMQPError, ListenError) as exc:
         raise StartupError(redact(str(exc)) or type(exc).__name__, EXIT_FAILURE) from None
     finally:
         await shutdown(container)

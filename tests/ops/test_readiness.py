@@ -1,0 +1,84 @@
+"""/readyz during real outages: the broker and the store taken away and brought back."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import pytest
+
+from tests.consumer.conftest import ConsumerSettings, StartConsumer
+from tests.consumer.harness import Broker, TcpProxy, eventually
+from tests.consumer.test_faults import through_proxy
+from tests.ops.conftest import http, scrape
+from tests.servers import free_port
+
+pytestmark = pytest.mark.timeout(60)
+
+# PING_INTERVAL + PING_TIMEOUT, and a second of slack: "within seconds".
+TURNS_WITHIN = 5.0
+
+
+class Readiness:
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    async def is_(self, status: int, **checks: str) -> bool:
+        response = await http(self.port, "/readyz")
+        body = orjson.loads(response.body)
+        return response.status == status and all(body[k] == v for k, v in checks.items())
+
+    async def turns(self, status: int, deadline: float, **checks: str) -> float:
+        """Seconds until ``/readyz`` answers ``status`` with ``checks``."""
+        began = time.monotonic()
+        await eventually(lambda: self.is_(status, **checks), deadline, f"/readyz {status} {checks}")
+        return time.monotonic() - began
+
+
+async def test_readiness_follows_the_broker_connection(
+    consumer_settings: ConsumerSettings, broker: Broker, start_consumer: StartConsumer
+) -> None:
+    proxy = await TcpProxy(5672, free_port()).start()
+    settings = consumer_settings(
+        amqp_url=f"amqp://guest:guest@127.0.0.1:{proxy.port}/", metrics_port=free_port()
+    )
+    ready = Readiness(settings.metrics_port)
+    consumer = await start_consumer(settings)
+    try:
+        await ready.turns(200, 10, broker="up", store="up")
+        await proxy.cut()
+        assert await ready.turns(503, TURNS_WITHIN, broker="down", store="up") < TURNS_WITHIN
+        assert (await http(settings.metrics_port, "/healthz")).status == 200  # alive all along
+        await proxy.start()
+        await ready.turns(200, 15, broker="up", store="up")
+        samples = await scrape(settings.metrics_port)
+        assert samples.get("semel_broker_reconnects_total") == 1
+        assert await consumer.finish() == 0
+    finally:
+        await proxy.cut()
+
+
+@pytest.mark.parametrize("backend", ["redis", "postgres"])
+async def test_readiness_follows_the_store(
+    consumer_settings: ConsumerSettings, broker: Broker, start_consumer: StartConsumer
+) -> None:
+    port = free_port()
+    target, overrides = through_proxy(consumer_settings(), port)
+    proxy = await TcpProxy(target, port).start()
+    settings = consumer_settings(**overrides, metrics_port=free_port())
+    ready = Readiness(settings.metrics_port)
+    consumer = await start_consumer(settings)
+    try:
+        await ready.turns(200, 10, broker="up", store="up")
+        await proxy.cut()
+        assert await ready.turns(503, TURNS_WITHIN, broker="up", store="down") < TURNS_WITHIN
+        await proxy.start()
+        await ready.turns(200, 15, broker="up", store="up")
+        samples = await scrape(settings.metrics_port)
+        errors = samples.get(
+            "semel_store_errors_total", operation="ping", backend=settings.store.value
+        )
+        assert errors >= 1
+        assert await consumer.finish() == 0
+    finally:
+        await proxy.cut()
