@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 from dependency_injector import containers, providers
 
@@ -33,6 +34,15 @@ async def open_backend(kind: str, settings: Settings) -> AsyncIterator[Store]:
         yield store
     finally:
         await store.close()
+
+
+def new_worker(settings: Settings, **collaborators: Any) -> Worker:
+    """The worker; in transactional mode, the one that runs handlers in transactions."""
+    if settings.transactional:
+        from consumer.transactional import TransactionalWorker  # needs psycopg
+
+        return TransactionalWorker(settings=settings, **collaborators)
+    return Worker(settings=settings, **collaborators)
 
 
 def _store_kind(settings: Settings) -> str:
@@ -79,7 +89,7 @@ class Container(containers.DeclarativeContainer):
     health = providers.Resource(open_operations, settings, metrics)
 
     worker = providers.Factory(
-        Worker,
+        new_worker,
         connection=connection,
         store=metered_store,
         handler=timed_handler,
