@@ -99,9 +99,10 @@ def consume() -> None:
     raise typer.Exit(code)
 
 
-from consumer import tools_cli  # noqa: E402 - needs app, fail and run_with_store above
+from consumer import purge, tools_cli  # noqa: E402 - needs app, fail and run_with_store above
 
 tools_cli.register(app)
+purge.register(app)
 
 
 def main() -> None:
