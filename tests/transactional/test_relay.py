@@ -8,12 +8,11 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import aio_pika
 import pytest
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel
 from psycopg import AsyncConnection
 
 from consumer.outbox import IDEMPOTENCY_HEADER, Relay
@@ -21,50 +20,11 @@ from stores.base import JSON
 from stores.outbox import Outbox, OutboxMessage
 from stores.postgres_tx import TransactionalStore
 from tests.conftest import StoreFactory
-from tests.transactional.conftest import rows
+from tests.transactional.conftest import Downstream, rows
 
 pytestmark = pytest.mark.timeout(60)
 
 FP = "f" * 64
-
-
-@dataclass
-class Downstream:
-    """An exchange with one queue bound for every routing key, and a way to read it."""
-
-    connection: AbstractConnection
-    channel: AbstractChannel
-    exchange: str
-    queue: str
-
-    async def drain(self, settle: float = 0.3) -> list[AbstractIncomingMessage]:
-        """Every message in the queue, once nothing more arrived for ``settle`` seconds."""
-        queue = await self.channel.get_queue(self.queue)
-        taken: list[AbstractIncomingMessage] = []
-        quiet_since = time.monotonic()
-        while time.monotonic() - quiet_since < settle:
-            message = await queue.get(no_ack=True, fail=False)
-            if message is None:
-                await asyncio.sleep(0.05)
-                continue
-            taken.append(message)
-            quiet_since = time.monotonic()
-        return taken
-
-
-@pytest.fixture
-async def downstream(rabbitmq_server: str, run_id: str) -> AsyncIterator[Downstream]:
-    connection = await aio_pika.connect(rabbitmq_server)
-    channel = await connection.channel()
-    exchange = await channel.declare_exchange(f"t.{run_id}.out", aio_pika.ExchangeType.TOPIC)
-    queue = await channel.declare_queue(f"t.{run_id}.out.q")
-    await queue.bind(exchange, "order.#")
-    try:
-        yield Downstream(connection, channel, exchange.name, queue.name)
-    finally:
-        await queue.delete(if_unused=False, if_empty=False)
-        await exchange.delete()
-        await connection.close()
 
 
 @pytest.fixture

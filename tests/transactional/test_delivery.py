@@ -1,0 +1,122 @@
+"""Transactional deliveries through the whole consumer (in process, real servers):
+failed attempts leave nothing behind, duplicates re-publish nothing, and a
+consumer that cannot work in this mode says so at start-up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from psycopg import AsyncConnection
+
+from consumer.names import Topology
+from consumer.serve import StartupError
+from settings import ConfigError, load_settings
+from stores.base import Status, Store
+from tests.conftest import SettingsFactory, open_store
+from tests.consumer.harness import Broker, InProcessConsumer, eventually
+from tests.consumer.test_delivery import finished, settle_all, status_is
+from tests.transactional.conftest import Downstream, rows
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+async def store(consumer_settings_tx: SettingsFactory) -> Any:
+    opened = await open_store(consumer_settings_tx())
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+def order(downstream: Downstream, business_table: str, **extra: Any) -> dict[str, Any]:
+    return {"table": business_table, "exchange": downstream.exchange} | extra
+
+
+async def start(settings: Any, broker: Broker) -> InProcessConsumer:
+    return await InProcessConsumer(settings).start(broker, settings)
+
+
+async def rows_of(db: AsyncConnection[Any], table: str) -> list[str]:
+    return [r[0] for r in await rows(db, "SELECT key FROM {} ORDER BY id", table)]
+
+
+async def test_a_duplicate_of_a_completed_key_publishes_nothing(
+    consumer_settings_tx: SettingsFactory,
+    broker: Broker,
+    store: Store,
+    downstream: Downstream,
+    db: AsyncConnection[Any],
+    business_table: str,
+) -> None:
+    settings = consumer_settings_tx()
+    consumer = await start(settings, broker)
+    body = order(downstream, business_table)
+    await broker.publish(settings, body, key="k")
+    await eventually(lambda: status_is(store, "k", Status.COMPLETED), what="'k' completed")
+    await broker.publish(settings, body, key="k")  # a late copy
+    await broker.publish(settings, body, key="k")
+    await settle_all(broker, settings, dead_letters=0)
+    await finished(consumer, broker, settings, dead_letters=0)
+    assert await rows_of(db, business_table) == ["k"]
+    messages = await downstream.drain()
+    assert len(messages) == 1
+    assert len(await rows(db, "SELECT id FROM {}", settings.outbox_table)) == 1
+
+
+async def test_failed_attempts_leave_no_rows_and_no_messages(
+    consumer_settings_tx: SettingsFactory,
+    broker: Broker,
+    store: Store,
+    downstream: Downstream,
+    db: AsyncConnection[Any],
+    business_table: str,
+) -> None:
+    settings = consumer_settings_tx()
+    consumer = await start(settings, broker)
+    await broker.publish(settings, order(downstream, business_table, fail_until=2), key="retried")
+    await broker.publish(settings, order(downstream, business_table, permanent="no"), key="dead")
+    await eventually(lambda: status_is(store, "retried", Status.COMPLETED), what="retried done")
+    await settle_all(broker, settings, dead_letters=1)
+    await finished(consumer, broker, settings, dead_letters=1)
+    assert await rows_of(db, business_table) == ["retried"]  # attempts 1 and 2 rolled back
+    assert len(await downstream.drain()) == 1  # staged by each attempt, committed by one
+    record = await store.get("dead")
+    assert record is not None
+    assert record.status is Status.FAILED
+    (letter,) = await broker.dead_letters(settings)
+    assert letter.reason == "permanent-error"
+
+
+async def test_a_plain_function_handler_is_refused_at_start_up(
+    consumer_settings_tx: SettingsFactory, broker: Broker
+) -> None:
+    settings = consumer_settings_tx(handler="tests.transactional.handlers:plain")
+    consumer = InProcessConsumer(settings)
+    with pytest.raises(StartupError) as info:
+        await consumer.start(broker, settings)
+    assert info.value.code == 2
+    assert str(info.value) == "SEMEL_TRANSACTIONAL: the handler must be an async function"
+
+
+async def test_a_missing_outbox_table_is_reported_at_start_up(
+    consumer_settings_tx: SettingsFactory, broker: Broker
+) -> None:
+    settings = consumer_settings_tx(outbox_table="t_never_migrated_outbox")
+    consumer = InProcessConsumer(settings)
+    with pytest.raises(StartupError) as info:
+        await consumer.start(broker, settings)
+    assert info.value.code == 1
+    assert "semel migrate" in str(info.value)
+    assert await broker.depth(Topology(settings.queue).dead_letter_queue) == 0
+
+
+def test_transactional_mode_needs_the_postgres_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEMEL_TRANSACTIONAL", "true")
+    monkeypatch.setenv("SEMEL_STORE", "redis")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert (
+        str(info.value) == "SEMEL_TRANSACTIONAL: needs SEMEL_STORE=postgres (SEMEL_STORE is redis)"
+    )
