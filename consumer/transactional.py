@@ -39,7 +39,7 @@ from stores.postgres_tx import FencedOut, TransactionalStore
 log = structlog.get_logger("semel.transactional")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)  # whatever defaults Context's fields have
 class TransactionalContext(Context):
     """The handler's context, plus its open transaction and its outbox.
 
