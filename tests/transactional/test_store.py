@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -14,8 +15,10 @@ from psycopg import AsyncConnection, sql
 from stores.base import JSON, Outcome, Status
 from stores.errors import StoreUnavailable
 from stores.outbox import Outbox
+from stores.outbox import schema as outbox_schema
 from stores.postgres_tx import FencedOut, TransactionalStore, Work
 from tests.conftest import SettingsFactory, StoreFactory, open_store
+from tests.stores.test_postgres import statements
 from tests.transactional.conftest import rows
 
 pytestmark = pytest.mark.timeout(60)
@@ -243,3 +246,9 @@ async def test_migrate_creates_the_outbox_and_its_partial_indexes(
     definitions = [r[0] for r in await found.fetchall()]
     assert any("WHERE (sent_at IS NULL)" in d for d in definitions), definitions
     assert any("(sent_at) WHERE (sent_at IS NOT NULL)" in d for d in definitions), definitions
+
+
+def test_the_schema_file_is_what_migrate_runs() -> None:
+    text = (Path(__file__).resolve().parents[2] / "deploy" / "postgres-outbox.sql").read_text()
+    rendered = ";".join(s.as_string() for s in outbox_schema("semel_outbox"))
+    assert statements(text) == statements(rendered)
