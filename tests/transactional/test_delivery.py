@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, sql
 
+from consumer.message import fingerprint
 from consumer.names import Topology
 from consumer.serve import StartupError
 from settings import ConfigError, load_settings
@@ -120,3 +121,33 @@ def test_transactional_mode_needs_the_postgres_store(monkeypatch: pytest.MonkeyP
     assert (
         str(info.value) == "SEMEL_TRANSACTIONAL: needs SEMEL_STORE=postgres (SEMEL_STORE is redis)"
     )
+
+
+async def test_a_delivery_meeting_a_locked_key_row_waits_in_the_conflict_queue(
+    consumer_settings_tx: SettingsFactory,
+    broker: Broker,
+    store: Store,
+    downstream: Downstream,
+    db: AsyncConnection[Any],
+    business_table: str,
+) -> None:
+    settings = consumer_settings_tx(conflict_delay=3.0)
+    body = order(downstream, business_table)
+    claim = await store.claim("k", fingerprint(body))
+    assert await store.release("k", claim.fence)  # claimable, but its row is locked below
+    consumer = await start(settings, broker)
+    conflicts = Topology(settings.queue).conflict_queue
+    async with db.transaction():
+        table = sql.Identifier(settings.postgres_table)
+        lock = sql.SQL("SELECT 1 FROM {} WHERE key = %s FOR UPDATE").format(table)
+        await db.execute(lock, (store.config.namespaced("k"),))
+        await broker.publish(settings, body, key="k")
+
+        async def parked() -> bool:
+            return await broker.depth(conflicts) == 1
+
+        await eventually(parked, 5, "the delivery parked in the conflict queue")
+    await eventually(lambda: status_is(store, "k", Status.COMPLETED), 10, "'k' completed later")
+    await settle_all(broker, settings, dead_letters=0)
+    await finished(consumer, broker, settings, dead_letters=0)
+    assert await rows_of(db, business_table) == ["k"]
