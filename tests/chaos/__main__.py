@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m tests.chaos --store {sqlite,postgres,redis,dynamodb,all}
+    python -m tests.chaos --store {sqlite,postgres,redis,dynamodb,postgres-tx,all}
                           [--messages N] [--workers W] [--kills K] [--seed S]
                           [--rate R] [--outage SECONDS] [--keep DIR]
 
@@ -16,8 +16,10 @@ completed). While they flow it SIGKILLs K workers in the middle of a handler
 ``start_app``) and takes the store away for ``--outage`` seconds (longer than
 the 2.5 s lease, on purpose): PostgreSQL and Redis servers are stopped and
 started, DynamoDB's port is cut by a TCP proxy (moto keeps its tables in
-memory), SQLite has no server and skips that fault. Then it waits until every
-key is completed in the store or in ``Q.dlq`` and prints one table.
+memory), SQLite has no server and skips that fault. ``postgres-tx`` is the
+PostgreSQL store in transactional mode (``SEMEL_TRANSACTIONAL``), whose
+handler writes its effect in the key's own transaction. Then it waits until
+every key is completed in the store or in ``Q.dlq`` and prints one table.
 
 Reading the table: *lost* counts keys neither completed in the store
 (``get(key)``) nor in the private broker's ``Q.dlq``. The ledger
@@ -29,8 +31,9 @@ because the store was unreachable during the outage (the lease then ran out
 and a redelivery ran the handler again); anything else is *unexplained*.
 
 Exit status: 0 when every store ends with lost = 0 and no unexplained
-duplicate effect; 1 otherwise (the evidence is printed under the table); 2 on
-bad usage. ``--keep DIR`` keeps each store's ledger and worker logs.
+duplicate effect (in transactional mode: no duplicate effect at all); 1
+otherwise (the evidence is printed under the table); 2 on bad usage.
+``--keep DIR`` keeps each store's ledger and worker logs.
 """
 
 from __future__ import annotations
@@ -47,8 +50,9 @@ from rich.console import Console
 from tests.chaos.rabbit import RabbitNode
 from tests.chaos.run import ChaosConfig, Report, run_chaos
 from tests.chaos.table import evidence, render
+from tests.chaos.transactional import TRANSACTIONAL
 
-STORES = ("sqlite", "postgres", "redis", "dynamodb")
+STORES = ("sqlite", "postgres", "redis", "dynamodb", TRANSACTIONAL)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -11,6 +11,11 @@ effect done twice. The stamp is a synchronous write inside the async handler
 on purpose: a cancellation cannot split it, so a stamped row is an effect that
 happened and an unstamped one is an effect that did not.
 
+In transactional mode (``handle_in_transaction``) the effect is instead a
+row of ``chaos_effects`` written through ``context.db``, the key's own
+PostgreSQL transaction: it counts only if it committed, with the completion.
+The ledger still records every execution, and its stamp every attempt.
+
 The message body drives the handler: ``work_ms`` of work with the effect at
 the ``effect_at`` fraction of it; ``fail`` = ``"transient"`` (fails on the
 first attempt), ``"always"`` (fails every attempt) or ``"permanent"``
@@ -23,6 +28,7 @@ import asyncio
 import os
 import sqlite3
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +37,7 @@ from consumer import PermanentError
 from consumer.handler import Context
 
 LEDGER_ENV = "SEMEL_CHAOS_LEDGER"
+EFFECTS_TABLE = "chaos_effects"  # transactional mode: effects committed with their key
 BUSY_TIMEOUT = 30.0  # seconds; several worker processes append at once
 
 SCHEMA = """
@@ -85,7 +92,25 @@ def _end(run_id: int, outcome: str) -> None:
     )
 
 
-async def _work(context: Context, run_id: int) -> Any:
+Effect = Callable[[Context, int], Awaitable[None]]
+
+
+async def _stamp(context: Context, run_id: int) -> None:
+    _effect(run_id)
+
+
+async def _in_transaction(context: Context, run_id: int) -> None:
+    # Transactional mode: the effect is a row written in the key's own
+    # transaction, committed together with the completion or not at all.
+    db: Any = getattr(context, "db")  # noqa: B009 - only the transactional context has it
+    await db.execute(
+        f"INSERT INTO {EFFECTS_TABLE} (key, fence, attempt, pid, at) VALUES (%s, %s, %s, %s, %s)",
+        (context.key, context.fence, context.attempt, os.getpid(), time.time()),
+    )
+    _effect(run_id)  # in the ledger: attempted, committed or not
+
+
+async def _work(context: Context, run_id: int, effect: Effect) -> Any:
     body = context.body
     work = float(body.get("work_ms", 10)) / 1000
     before = work * float(body.get("effect_at", 0.5))
@@ -95,16 +120,26 @@ async def _work(context: Context, run_id: int) -> Any:
         raise PermanentError("this order can never be paid")
     if fail == "always" or (fail == "transient" and context.attempt == 1):
         raise RuntimeError(f"payment gateway timed out on attempt {context.attempt}")
-    _effect(run_id)
+    await effect(context, run_id)
     await asyncio.sleep(work - before)
     return {"fence": context.fence, "pid": os.getpid()}
 
 
 async def handle(context: Context) -> Any:
+    """The chaos handler: its effect is the ledger stamp."""
+    return await _run(context, _stamp)
+
+
+async def handle_in_transaction(context: Context) -> Any:
+    """The chaos handler in transactional mode: its effect is a row in the store's database."""
+    return await _run(context, _in_transaction)
+
+
+async def _run(context: Context, effect: Effect) -> Any:
     run_id = _begin(context)
     outcome = "cancelled"  # what a cancellation (lease lost, shutdown) leaves
     try:
-        result = await _work(context, run_id)
+        result = await _work(context, run_id, effect)
         outcome = "returned"
         return result
     except Exception:

@@ -2,9 +2,10 @@
 
 The timeline is laid out over the expected publishing time ``flow``: worker
 kills spread over 10-85 % of it, the broker restart at 30 %, the store outage
-at 60 % once handlers run again, so every fault lands while messages flow. After the producer is done
-the run waits (up to the drain deadline) until every key is completed in the
-store or dead-lettered and the work, retry and conflict queues are empty.
+at 60 % once handlers run again, so every fault lands while messages flow.
+After the producer is done the run waits (up to the drain deadline) until
+every key is completed in the store or dead-lettered and the work, retry and
+conflict queues are empty.
 """
 
 from __future__ import annotations
@@ -32,6 +33,13 @@ from tests.chaos.processes import private_dir
 from tests.chaos.producer import Order, Publisher, Sent, plan, produce
 from tests.chaos.rabbit import RabbitNode
 from tests.chaos.servers import StoreServer, start_store
+from tests.chaos.transactional import (
+    TRANSACTIONAL,
+    committed_effects,
+    create_effects_table,
+    mode_settings,
+    server_kind,
+)
 from tests.chaos.verdict import Verdict, duplicates_of, judge, read_settled
 from tests.chaos.workers import Pool
 from tests.conftest import open_store, settings_env
@@ -39,8 +47,6 @@ from tests.consumer.harness import Broker
 from tests.servers import aws_test_credentials
 
 log = logging.getLogger("semel.chaos")
-
-HANDLERS_AT_OUTAGE = 8  # handlers in flight when the store goes away
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +61,7 @@ class ChaosConfig:
     prefetch: int = 32
     broker_down: float = 3.0  # seconds between stop_app and start_app
     outage: float = 6.0  # seconds the store is away; longer than the lease on purpose
+    outage_when_running: int = 8  # handlers in flight when the store goes away
     lock_ttl: float = 2.5
     conflict_delay: float = 0.75
     retry_delays: tuple[float, ...] = (0.25, 0.75)
@@ -78,6 +85,7 @@ class Report:
     outage_kind: str = ""
     executions: int = 0
     effects: int = 0
+    attempted: int = 0  # effects begun; in transactional mode some were rolled back
     dlq_messages: int = 0
     left_in_queues: int = 0
     drained: bool = False
@@ -111,7 +119,7 @@ def chaos_settings(
         "metrics_port": 0,
         "log_format": "json",
     }
-    return Settings(**(overrides | server.settings()))
+    return Settings(**(overrides | server.settings() | mode_settings(config.store)))
 
 
 def done_checker(store: Store) -> Callable[[str], Awaitable[bool]]:
@@ -153,9 +161,9 @@ class Timeline:
             await self._at(0.6)
             # Right after the broker restart the workers are still reconnecting:
             # an outage then would meet no handler. Wait for the flow to be back.
-            if not await pool.handlers_running(HANDLERS_AT_OUTAGE, 30):
-                log.warning("store outage starts with fewer than %d handlers running",
-                            HANDLERS_AT_OUTAGE)  # fmt: skip
+            running = self.config.outage_when_running
+            if not await pool.handlers_running(running, 15):
+                log.warning("store outage starts with fewer than %d handlers running", running)
             log.info("store: outage of %gs begins", self.config.outage)
             began = time.time()
             await server.outage(self.config.outage)
@@ -182,7 +190,7 @@ async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Repo
             node = await RabbitNode.start()
             stack.callback(node.stop)
         restarts_before = node.restarts
-        server = await start_store(config.store)
+        server = await start_store(server_kind(config.store))
         stack.push_async_callback(server.stop)
         workdir = private_dir("semel-chaos-run-")
         stack.callback(shutil.rmtree, workdir, True)
@@ -190,6 +198,8 @@ async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Repo
         store = await open_store(settings)
         stack.push_async_callback(store.close)
         await store.migrate()
+        if config.store == TRANSACTIONAL:
+            await create_effects_table(settings.postgres_dsn)
         connection = await aio_pika.connect(node.url)
         await declare(connection, settings)
         await connection.close()
@@ -230,7 +240,7 @@ async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Repo
         log.info("drained: %s; workers stopped", drained)
         await drain.final()
         left = await drain.busy()
-        report = _report(config, orders, sent, pool, drain, timeline, server)
+        report = await _report(config, settings, orders, sent, pool, drain, timeline, server)
         report.broker_restarts = node.restarts - restarts_before
         report.drained, report.left_in_queues = drained, left
         report.wall = time.monotonic() - began
@@ -238,8 +248,9 @@ async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Repo
     raise AssertionError("unreachable")  # mypy: AsyncExitStack may swallow exceptions
 
 
-def _report(
+async def _report(
     config: ChaosConfig,
+    settings: Settings,
     orders: list[Order],
     sent: Sent,
     pool: Pool,
@@ -248,9 +259,14 @@ def _report(
     server: StoreServer,
 ) -> Report:
     runs = read_runs(pool.ledger)
+    attempted = sum(1 for r in runs if r.effect is not None)
+    transactional = config.store == TRANSACTIONAL
+    if transactional:
+        runs = await committed_effects(settings.postgres_dsn, runs)
     settled = read_settled(pool.log_files)
     duplicates = duplicates_of(runs, settled, pool.kills, timeline.outages)
     verdict = judge([o.key for o in orders], drain.completed, drain.dead, duplicates)
+    verdict.strict = transactional
     return Report(
         store=config.store,
         sent=sent,
@@ -263,6 +279,7 @@ def _report(
         outage_kind=server.outage_kind,
         executions=len(runs),
         effects=sum(1 for r in runs if r.effect is not None),
+        attempted=attempted,
         dlq_messages=drain.dlq_messages,
     )
 

@@ -35,6 +35,12 @@ def _copies(report: Report) -> str:
     return text
 
 
+def _effects(report: Report) -> str:
+    text = f"{report.executions} / {report.effects}"
+    rolled_back = report.attempted - report.effects
+    return f"{text} ({rolled_back} more rolled back)" if rolled_back else text
+
+
 def _kills(report: Report) -> str:
     return f"{report.kills} ({report.kills_after_effect} aimed after the effect)"
 
@@ -65,6 +71,8 @@ def _verdict(report: Report) -> str:
         why.append("keys lost")
     if report.verdict.count(UNEXPLAINED):
         why.append("unexplained duplicates")
+    elif report.verdict.strict and report.verdict.duplicates:
+        why.append("duplicate effects in transactional mode")
     return "FAIL: " + ", ".join(why)
 
 
@@ -76,7 +84,7 @@ ROWS: list[tuple[str, Callable[[Report], object]]] = [
     ("worker restarts", _restarts),
     ("broker restarts", lambda r: r.broker_restarts),
     ("store outages", _outages),
-    ("handler executions / effects", lambda r: f"{r.executions} / {r.effects}"),
+    ("handler executions / effects", _effects),
     ("keys completed (store)", lambda r: r.verdict.completed),
     ("keys in Q.dlq (by reason)", _dead_lettered),
     ("lost", lambda r: len(r.verdict.lost)),

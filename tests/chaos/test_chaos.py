@@ -1,9 +1,10 @@
 """The chaos run, reduced: every store, a few hundred messages, every fault once or twice.
 
-Each store gets two workers, two SIGKILLs mid-handler, one broker restart and
+Each run gets two workers, two SIGKILLs mid-handler, one broker restart and
 one store outage longer than the lease (SQLite has no server to stop), on a
-private RabbitMQ node shared by the four runs. ``python -m tests.chaos`` is
-the full run.
+private RabbitMQ node shared by the runs. The PostgreSQL store also runs in
+transactional mode, where no duplicate effect is allowed at all.
+``python -m tests.chaos`` is the full run.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from rich.console import Console
 from tests.chaos.rabbit import RabbitNode
 from tests.chaos.run import ChaosConfig, Report, run_chaos
 from tests.chaos.table import evidence, render
+from tests.chaos.transactional import TRANSACTIONAL
 from tests.chaos.verdict import UNEXPLAINED
 
 pytestmark = pytest.mark.slow
 
-STORES = ["sqlite", "postgres", "redis", "dynamodb"]
+STORES = ["sqlite", "postgres", "redis", "dynamodb", TRANSACTIONAL]
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +58,7 @@ async def test_effectively_once_under_faults(
         rate=40,
         broker_down=2.0,
         outage=4.0,
+        outage_when_running=3,
         drain_deadline=60,
         keep=tmp_path,
     )
@@ -66,6 +69,9 @@ async def test_effectively_once_under_faults(
     assert report.drained, f"keys still unsettled after the drain deadline\n{table}"
     assert report.verdict.lost == [], table
     assert report.verdict.count(UNEXPLAINED) == 0, table
+    if store == TRANSACTIONAL:
+        # The effect commits with the completion: no fault can repeat it.
+        assert report.verdict.duplicates == [], table
     # The faults did happen, while messages flowed.
     assert report.kills == config.kills, table
     assert report.restarts >= config.kills, table

@@ -81,12 +81,15 @@ class Verdict:
     dead_lettered: dict[str, int]  # distinct keys per x-semel-reason
     lost: list[str]
     duplicates: list[Duplicate] = field(default_factory=list)
+    strict: bool = False  # transactional mode: no duplicate effect at all
 
     def count(self, cause: str) -> int:
         return sum(1 for d in self.duplicates if d.cause == cause)
 
     @property
     def ok(self) -> bool:
+        if self.strict and self.duplicates:
+            return False
         return not self.lost and self.count(UNEXPLAINED) == 0
 
 
