@@ -96,9 +96,14 @@ def decide_after_claim(claim: Claim) -> Settle | Run:
             return DeadLetter(Reason.PAYLOAD_MISMATCH, MISMATCH_ERROR)
         case Outcome.POISON:
             return DeadLetter(Reason.POISON, claim.record.error or POISON_ERROR)
+        case Outcome.FAILED if claim.record.error == POISON_ERROR:
+            # The claim marks a key poison before its dead letter is confirmed;
+            # if that publish failed, this copy is the only one left. A second
+            # dead letter is harmless, a lost one is not.
+            return DeadLetter(Reason.POISON, POISON_ERROR)
         case Outcome.FAILED:
-            # The store marks a key failed only once its message is safely in
-            # the DLQ (or the claim itself found it poison), so this copy adds nothing.
+            # Handler failures mark the key failed only after their dead letter
+            # was confirmed, so this copy adds nothing.
             return Ack("duplicate-of-failed")
     raise AssertionError(f"unknown claim outcome {claim.outcome!r}")
 

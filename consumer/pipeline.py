@@ -156,14 +156,14 @@ class Pipeline:
             )
         try:
             stored = await self._write(
-                lease, lambda: self._store.complete(lease.key, lease.fence, result)
+                lease,
+                lambda: self._store.complete(lease.key, lease.fence, result),
+                past_lease=True,
             )
         except ResultTooLarge as exc:
             return await self._dead_letter(
                 delivery, lease, DeadLetter(Reason.PERMANENT_ERROR, describe(exc))
             )
-        except StoreUnavailable as exc:
-            return await self._settle(delivery, Requeue(describe(exc)))
         return await self._settle(delivery, decide_after_success(stored))
 
     async def _after_failure(self, delivery: Delivery, lease: Lease, exc: Exception) -> Settle:
@@ -193,14 +193,22 @@ class Pipeline:
 
         return await self._settle(delivery, decision, after_copy=mark_failed)
 
-    async def _write(self, lease: Lease, write: Callable[[], Awaitable[T]]) -> T:
-        """A fenced store write, retried while the lease still holds."""
+    async def _write(
+        self, lease: Lease, write: Callable[[], Awaitable[T]], *, past_lease: bool = False
+    ) -> T:
+        """A fenced store write, retried while the lease still holds.
+
+        With ``past_lease`` it is retried until the store answers: a completion
+        is fenced, so written late it either lands (nobody took the key over)
+        or is refused (somebody did). Giving up instead would hand the message
+        back, and once the lease has expired its redelivery runs the handler again.
+        """
         pause, longest = _WRITE_BACKOFF
         while True:
             try:
                 return await write()
             except StoreUnavailable:
-                if lease.remaining() <= pause:
+                if not past_lease and lease.remaining() <= pause:
                     raise
             await asyncio.sleep(pause)
             pause = min(pause * 2, longest)

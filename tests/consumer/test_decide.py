@@ -62,6 +62,12 @@ def test_after_claim(outcome: Outcome, expected: object) -> None:
     assert decide_after_claim(claim(outcome)) == expected
 
 
+def test_a_copy_of_a_poison_key_is_dead_lettered_again() -> None:
+    # Its first dead letter may never have been confirmed: a second one is harmless.
+    decision = decide_after_claim(claim(Outcome.FAILED, error=POISON_ERROR))
+    assert decision == DeadLetter(Reason.POISON, POISON_ERROR)
+
+
 def test_poison_keeps_the_stores_error() -> None:
     decision = decide_after_claim(claim(Outcome.POISON, error="poison: 10 claims"))
     assert decision == DeadLetter(Reason.POISON, "poison: 10 claims")

@@ -237,18 +237,22 @@ async def test_permanent_error_poison_and_copies_of_failed_keys(
     await broker.publish(settings, {"permanent": "card declined"}, key="declined")
     await broker.publish(settings, {"n": 1}, key="poisoned")
     await settle_all(broker, settings, dead_letters=2)
-    # Copies of keys that failed terminally are acknowledged, not run nor dead-lettered again.
+    # A copy of a key whose handler failed is acknowledged: its dead letter was
+    # confirmed before the key was marked failed. A copy of a poison key is
+    # dead-lettered again: the claim marked it before its dead letter existed.
     await broker.publish(settings, {"permanent": "card declined"}, key="declined")
     await broker.publish(settings, {"n": 1}, key="poisoned")
-    await settle_all(broker, settings, dead_letters=2)
-    await finished(consumer, broker, settings, dead_letters=2)
+    await settle_all(broker, settings, dead_letters=3)
+    await finished(consumer, broker, settings, dead_letters=3)
 
     assert len(runs(ledger, "declined")) == 1
     assert runs(ledger, "poisoned") == []
     assert await status(store, "declined") is Status.FAILED
     assert await status(store, "poisoned") is Status.FAILED
-    letters = {letter.key: letter for letter in await broker.dead_letters(settings)}
-    for letter in letters.values():
+    all_letters = await broker.dead_letters(settings)
+    assert sorted(letter.key for letter in all_letters) == ["declined", "poisoned", "poisoned"]
+    letters = {letter.key: letter for letter in all_letters}
+    for letter in all_letters:
         assert_dead_letter_headers(letter, settings)
     assert letters["declined"].reason == "permanent-error"
     assert letters["declined"].headers[H_ERROR] == "PermanentError: card declined"

@@ -1,15 +1,11 @@
 """A handler that finished while the store was away must not run again.
 
-The chaos run finds duplicate effects with no worker killed: a handler
-returns during a store outage, its ``complete`` cannot be written, the worker
-stops retrying when its own lease would run out and hands the message back;
-once the store is back the key's lease has expired, so the redelivery claims
-it again and the handler runs a second time.
-
-Nobody else can claim the key while the store is unreachable, and the
-completion is fenced: written late it would either succeed (no one took
-over) or be refused (someone did). So retrying ``complete`` past the lease
-until the store answers would avoid these duplicates at no risk.
+A handler returns during a store outage longer than its lease: its
+``complete`` cannot be written. Handing the message back would let the
+redelivery take the expired claim over and run the handler a second time.
+The completion is fenced, so the worker keeps retrying it until the store
+answers: written late it either lands (no one took over) or is refused
+(someone did).
 """
 
 from __future__ import annotations
@@ -34,12 +30,6 @@ def events(ledger: Path, key: str, event: str) -> int:
     return sum(1 for e in read_ledger(ledger) if e["key"] == key and e["event"] == event)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="consumer/pipeline.py Pipeline._write gives up on complete() once the local lease "
-    "would end (about 1 s early, by its doubling back-off) and requeues; the redelivery "
-    "takes over the expired claim and runs the handler again",
-)
 @pytest.mark.parametrize("backend", ["postgres", "redis", "dynamodb-dynalite"])
 async def test_a_completion_held_up_by_an_outage_longer_than_the_lease_is_written_later(
     consumer_settings: ConsumerSettings,
