@@ -61,7 +61,8 @@ def carried_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in headers.items() if name not in BROKER_HEADERS}
 
 
-def _copy(message: AbstractIncomingMessage, headers: dict[str, Any]) -> aio_pika.Message:
+def copy_message(message: AbstractIncomingMessage, headers: dict[str, Any]) -> aio_pika.Message:
+    """A persistent copy of ``message`` with ``headers`` and its other properties."""
     # expiration is dropped: a per-message TTL would let a waiting retry or a
     # dead letter vanish. user_id is dropped: the broker refuses a user_id
     # other than the publishing connection's.
@@ -92,7 +93,7 @@ def _semel_headers(facts: Facts, attempts: int) -> dict[str, Any]:
 
 def retry_copy(message: AbstractIncomingMessage, facts: Facts, decision: Retry) -> aio_pika.Message:
     headers = carried_headers(message.headers) | _semel_headers(facts, decision.next_attempt)
-    return _copy(message, headers)
+    return copy_message(message, headers)
 
 
 def dead_letter_copy(
@@ -105,4 +106,4 @@ def dead_letter_copy(
         H_KEY: facts.key or "",
         H_DEAD_LETTERED_AT: now_iso(),
     }
-    return _copy(message, headers)
+    return copy_message(message, headers)

@@ -28,6 +28,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from aiormq.exceptions import AMQPError, ChannelInvalidStateError, DeliveryError
 
 from consumer import names
+from consumer.copies import copy_message
 from consumer.names import Reason, Topology
 from consumer.publish import CONFIRM_TIMEOUT
 from settings import Settings
@@ -133,25 +134,10 @@ def replay_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
 def replay_copy(message: AbstractIncomingMessage) -> aio_pika.Message:
     """A fresh, persistent copy of a dead letter with its original properties.
 
-    ``user_id`` is left out: the broker rejects a publish whose user id is
-    not the publishing connection's user. ``expiration`` is left out, as on
-    every copy semel makes: a copy that expired in the work queue would be
-    dead-lettered by it as if it were an in-progress conflict.
+    Built like every copy semel makes (``consumer.copies.copy_message``):
+    ``user_id`` and ``expiration`` are left out.
     """
-    return aio_pika.Message(
-        message.body,
-        headers=replay_headers(message.headers or {}),
-        content_type=message.content_type,
-        content_encoding=message.content_encoding,
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        priority=message.priority,
-        correlation_id=message.correlation_id,
-        reply_to=message.reply_to,
-        message_id=message.message_id,
-        timestamp=message.timestamp,
-        type=message.type,
-        app_id=message.app_id,
-    )
+    return copy_message(message, replay_headers(message.headers or {}))
 
 
 @dataclass(frozen=True, slots=True)
