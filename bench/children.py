@@ -26,15 +26,9 @@ STOP_WAIT = 30.0  # seconds a child gets to stop after SIGTERM
 
 
 def semel_env(settings: Settings) -> dict[str, str]:
-    """The environment that makes a child process load exactly ``settings``."""
+    """This process's environment, with ``settings`` as its only ``SEMEL_*`` variables."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SEMEL_")}
-    for field, value in settings.model_dump(mode="json").items():
-        if value is None:
-            continue
-        if isinstance(value, list):
-            value = ",".join(str(v) for v in value)
-        env[f"SEMEL_{field.upper()}"] = str(value)
-    return env
+    return env | settings.as_env()
 
 
 @dataclass

@@ -186,6 +186,16 @@ class Settings(BaseSettings):
             )
         return self
 
+    def as_env(self) -> dict[str, str]:
+        """The ``SEMEL_*`` variables that load exactly these settings in another process."""
+        env: dict[str, str] = {}
+        for field, value in self.model_dump(mode="json").items():
+            if value is None:
+                continue
+            text = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
+            env[f"{PREFIX}{field.upper()}"] = text
+        return env
+
     def retry_delay(self, attempt: int) -> float:
         """The wait before attempt ``attempt + 1``; the last tier repeats."""
         return self.retry_delays[min(attempt, len(self.retry_delays)) - 1]

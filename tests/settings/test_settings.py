@@ -192,3 +192,15 @@ def test_retention_shorter_than_lock_ttl_is_refused(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("SEMEL_RETENTION", "30")
     with pytest.raises(ConfigError, match=r"^SEMEL_RETENTION: .*SEMEL_LOCK_TTL"):
         load_settings()
+
+
+def test_as_env_round_trips(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = Settings(
+        store=StoreKind.REDIS,
+        binding_keys=["a.*", "b.#"],
+        retry_delays=[0.5, 2.0],
+        dynamodb_endpoint_url="http://localhost:8000",
+    )
+    for name, value in original.as_env().items():
+        monkeypatch.setenv(name, value)
+    assert load_settings() == original
