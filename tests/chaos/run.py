@@ -40,7 +40,7 @@ from tests.chaos.transactional import (
     mode_settings,
     server_kind,
 )
-from tests.chaos.verdict import Verdict, duplicates_of, judge, read_settled
+from tests.chaos.verdict import Verdict, duplicates_of, held_through, judge, read_settled
 from tests.chaos.workers import Pool
 from tests.conftest import open_store, settings_env
 from tests.consumer.harness import Broker
@@ -86,6 +86,7 @@ class Report:
     executions: int = 0
     effects: int = 0
     attempted: int = 0  # effects begun; in transactional mode some were rolled back
+    held: int = 0  # deliveries whose completion waited for the store to come back
     dlq_messages: int = 0
     left_in_queues: int = 0
     drained: bool = False
@@ -280,6 +281,7 @@ async def _report(
         executions=len(runs),
         effects=sum(1 for r in runs if r.effect is not None),
         attempted=attempted,
+        held=held_through(settled, timeline.outages),
         dlq_messages=drain.dlq_messages,
     )
 

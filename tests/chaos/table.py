@@ -84,6 +84,7 @@ ROWS: list[tuple[str, Callable[[Report], object]]] = [
     ("worker restarts", _restarts),
     ("broker restarts", lambda r: r.broker_restarts),
     ("store outages", _outages),
+    ("  completions held through it", lambda r: r.held if r.outages else "-"),
     ("handler executions / effects", _effects),
     ("keys completed (store)", lambda r: r.verdict.completed),
     ("keys in Q.dlq (by reason)", _dead_lettered),

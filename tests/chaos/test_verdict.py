@@ -15,6 +15,7 @@ from tests.chaos.verdict import (
     UNEXPLAINED,
     Settled,
     duplicates_of,
+    held_through,
     judge,
     read_settled,
 )
@@ -116,3 +117,11 @@ def test_settle_lines_are_read_from_json_logs_and_cut_lines_skipped(tmp_path: Pa
     assert (found.key, found.fence, found.outcome, found.pid) == ("k", 2, "completed", 42)
     assert found.duration == pytest.approx(0.25)
     assert found.at == pytest.approx(1767225601.5)
+
+
+def test_a_completion_is_held_through_an_outage_only_if_it_spans_the_window() -> None:
+    start, end = OUTAGE_WINDOW
+    spanning = settle(1, 10, "completed", end + 0.5, end + 0.5 - (start - 1))
+    inside = settle(1, 11, "completed", end - 1, 1.0)
+    handed_back = settle(1, 12, "store-unavailable", end + 0.5, end + 0.5 - (start - 1))
+    assert held_through([spanning, inside, handed_back], [OUTAGE_WINDOW]) == 1

@@ -114,6 +114,17 @@ def read_settled(log_files: Mapping[int, Path]) -> list[Settled]:
     return found
 
 
+def held_through(settled: Iterable[Settled], outages: Iterable[tuple[float, float]]) -> int:
+    """Deliveries that arrived before an outage and completed only after it ended."""
+    windows = list(outages)
+    return sum(
+        1
+        for s in settled
+        if s.outcome.startswith("completed")
+        and any(s.at - s.duration < start and s.at > end for start, end in windows)
+    )
+
+
 def _overlaps(start: float, end: float, windows: Iterable[tuple[float, float]]) -> bool:
     return any(start <= w_end and end >= w_start for w_start, w_end in windows)
 
