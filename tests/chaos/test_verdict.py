@@ -121,7 +121,8 @@ def test_settle_lines_are_read_from_json_logs_and_cut_lines_skipped(tmp_path: Pa
 
 def test_a_completion_is_held_through_an_outage_only_if_it_spans_the_window() -> None:
     start, end = OUTAGE_WINDOW
-    spanning = settle(1, 10, "completed", end + 0.5, end + 0.5 - (start - 1))
-    inside = settle(1, 11, "completed", end - 1, 1.0)
-    handed_back = settle(1, 12, "store-unavailable", end + 0.5, end + 0.5 - (start - 1))
-    assert held_through([spanning, inside, handed_back], [OUTAGE_WINDOW]) == 1
+    spanning = settle(1, 10, "completed", end - 0.2, end - 0.2 - (start - 1))
+    quick = settle(1, 11, "completed", start + 0.3, 0.5)  # done as the store went away
+    inside = settle(1, 12, "completed", end - 1, 1.0)  # arrived during the outage
+    handed_back = settle(1, 13, "store-unavailable", end + 0.5, end + 0.5 - (start - 1))
+    assert held_through([spanning, quick, inside, handed_back], [OUTAGE_WINDOW]) == 1

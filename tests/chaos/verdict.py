@@ -42,6 +42,7 @@ UNEXPLAINED = "unexplained"
 HANDED_BACK = ("store-unavailable", "lease-lost", "fenced-out")
 # Outcomes decided by the claim alone: a copy that met the execution, not its end.
 CLAIM_ONLY = ("in-progress", "duplicate")
+HELD = 1.0  # seconds into an outage a completion must have waited to count as held
 CLOCK_SLACK = 0.05  # seconds: log timestamps and ledger stamps are taken a moment apart
 
 
@@ -115,13 +116,19 @@ def read_settled(log_files: Mapping[int, Path]) -> list[Settled]:
 
 
 def held_through(settled: Iterable[Settled], outages: Iterable[tuple[float, float]]) -> int:
-    """Deliveries that arrived before an outage and completed only after it ended."""
+    """Deliveries that arrived before an outage and completed well into it or after it.
+
+    Handlers run for at most a few hundred ms: a delivery that completed more
+    than ``HELD`` seconds after the store went away waited for it. (The end of
+    a window is when the restart command returned, a moment after the
+    workers may already have reached the store again.)
+    """
     windows = list(outages)
     return sum(
         1
         for s in settled
         if s.outcome.startswith("completed")
-        and any(s.at - s.duration < start and s.at > end for start, end in windows)
+        and any(s.at - s.duration < start < s.at - HELD for start, _ in windows)
     )
 
 
