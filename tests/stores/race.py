@@ -7,6 +7,7 @@ import multiprocessing as mp
 from multiprocessing.synchronize import Barrier
 
 from settings import Settings
+from stores.base import Outcome
 from tests.conftest import open_store
 
 Outcomes = dict[str, list[tuple[str, int]]]
@@ -52,3 +53,20 @@ def race_claims(settings: Settings, keys: list[str], processes: int, claimers: i
     for proc in procs:
         proc.join(10)
     return merged
+
+
+async def assert_one_winner_per_key(settings: Settings) -> None:
+    """20 keys, 2 OS processes x 25 concurrent claimers per key: one winner each."""
+    store = await open_store(settings)
+    try:
+        await store.migrate()
+    finally:
+        await store.close()
+    keys = [f"race-{i}" for i in range(20)]
+    outcomes = await asyncio.to_thread(race_claims, settings, keys, processes=2, claimers=25)
+    for key in keys:
+        won = [fence for outcome, fence in outcomes[key] if outcome == Outcome.CLAIMED]
+        assert len(outcomes[key]) == 50
+        assert len(won) == 1, f"{key}: {len(won)} winners"
+        # A claimer that meets a held key answers "in progress"; none waits.
+        assert {o for o, _ in outcomes[key]} <= {Outcome.CLAIMED, Outcome.IN_PROGRESS}

@@ -11,7 +11,7 @@ import pytest
 from stores.base import Outcome, Status, Store
 from stores.errors import ResultTooLarge, StoreUnavailable
 from tests.conftest import BACKENDS, SettingsFactory, StoreFactory, open_store
-from tests.stores.race import race_claims
+from tests.stores.race import assert_one_winner_per_key
 
 pytestmark = [pytest.mark.parametrize("backend", BACKENDS), pytest.mark.timeout(60)]
 
@@ -230,20 +230,7 @@ async def test_migrate_is_idempotent(make_store: StoreFactory) -> None:
 
 
 async def test_race_one_winner_per_key(make_settings: SettingsFactory) -> None:
-    settings = make_settings()
-    store = await open_store(settings)
-    try:
-        await store.migrate()
-    finally:
-        await store.close()
-    keys = [f"race-{i}" for i in range(20)]
-    # 2 OS processes x 25 concurrent claimers per key = 50 claimers per key.
-    outcomes = await asyncio.to_thread(race_claims, settings, keys, processes=2, claimers=25)
-    for key in keys:
-        won = [fence for outcome, fence in outcomes[key] if outcome == Outcome.CLAIMED]
-        assert len(outcomes[key]) == 50
-        assert len(won) == 1, f"{key}: {len(won)} winners"
-        assert {o for o, _ in outcomes[key]} <= {Outcome.CLAIMED, Outcome.IN_PROGRESS}
+    await assert_one_winner_per_key(make_settings())
 
 
 async def test_store_down_raises_unavailable_fast(make_settings: SettingsFactory) -> None:

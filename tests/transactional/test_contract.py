@@ -3,13 +3,10 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from stores.base import Outcome
-from tests.conftest import SettingsFactory, open_store
-from tests.stores.race import race_claims
+from tests.conftest import SettingsFactory
+from tests.stores.race import assert_one_winner_per_key
 from tests.stores.test_contract import (
     test_completion_resets_nothing_but_retention_forgets,
     test_first_claim_then_duplicate_returns_stored_result,
@@ -40,17 +37,4 @@ __all__ = [
 
 
 async def test_race_one_winner_per_key(make_settings_tx: SettingsFactory, tables: None) -> None:
-    settings = make_settings_tx()
-    store = await open_store(settings)
-    try:
-        await store.migrate()
-    finally:
-        await store.close()
-    keys = [f"race-{i}" for i in range(20)]
-    outcomes = await asyncio.to_thread(race_claims, settings, keys, processes=2, claimers=25)
-    for key in keys:
-        won = [fence for outcome, fence in outcomes[key] if outcome == Outcome.CLAIMED]
-        assert len(outcomes[key]) == 50
-        assert len(won) == 1, f"{key}: {len(won)} winners"
-        # Claimers that met the row locked answer "in progress" rather than wait.
-        assert {o for o, _ in outcomes[key]} <= {Outcome.CLAIMED, Outcome.IN_PROGRESS}
+    await assert_one_winner_per_key(make_settings_tx())
