@@ -228,6 +228,7 @@ def test_rediss_speaks_tls(base_env: dict[str, str], plain_tcp: PlainTcp) -> Non
     )
     assert done.returncode == 1
     assert "redis store unavailable" in done.stderr
+    assert "SSL" in done.stderr
     assert plain_tcp.first
     assert all(first[0] == TLS_HANDSHAKE for first in plain_tcp.first)
     # The same server without the s: plain RESP.
