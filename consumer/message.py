@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -94,6 +95,15 @@ def _forbid_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite_float(text: str) -> float:
+    # 1e400 and 1e999 would both become inf and share one fingerprint, hiding
+    # a key reused with another body.
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
 def parse_body(body: bytes, content_type: str | None, limit: int) -> dict[str, Any]:
     """The body as a JSON object, or :class:`BadMessage`."""
     if len(body) > limit:
@@ -104,7 +114,9 @@ def parse_body(body: bytes, content_type: str | None, limit: int) -> dict[str, A
     try:
         # The standard library keeps integers exact (orjson turns big ones into
         # floats), and the fingerprint must not merge two different bodies.
-        parsed = json.loads(body.decode("utf-8"), parse_constant=_forbid_constant)
+        parsed = json.loads(
+            body.decode("utf-8"), parse_constant=_forbid_constant, parse_float=_finite_float
+        )
     except UnicodeDecodeError:
         raise BadMessage(Reason.MALFORMED_BODY, "body is not valid UTF-8") from None
     except (ValueError, RecursionError) as exc:
