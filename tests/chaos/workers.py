@@ -158,8 +158,10 @@ class Pool:
 
     def _kill(self, worker: Worker, running: int, after_effect: bool) -> Kill:
         pid = worker.pid
-        kill = Kill(pid, time.time(), running, after_effect)
         worker.kill()
+        # Timed once the process is gone (kill() waits for it): an effect the
+        # worker recorded while the signal was on its way is before the kill.
+        kill = Kill(pid, time.time(), running, after_effect)
         self.kills.append(kill)
         worker.start()
         self.restarts += 1
