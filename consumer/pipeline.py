@@ -148,17 +148,16 @@ class Pipeline:
 
     async def _after_success(self, delivery: Delivery, lease: Lease, result: Any) -> Settle:
         try:
-            orjson.dumps(result)
-        except orjson.JSONEncodeError as exc:
-            # Running the handler again would return the same thing.
-            return await self._dead_letter(
-                delivery, lease, DeadLetter(Reason.PERMANENT_ERROR, f"result is not JSON: {exc}")
-            )
-        try:
             stored = await self._write(
                 lease,
                 lambda: self._store.complete(lease.key, lease.fence, result),
                 past_lease=True,
+            )
+        except orjson.JSONEncodeError as exc:
+            # Every store encodes the result before writing anything. Running
+            # the handler again would return the same thing.
+            return await self._dead_letter(
+                delivery, lease, DeadLetter(Reason.PERMANENT_ERROR, f"result is not JSON: {exc}")
             )
         except ResultTooLarge as exc:
             return await self._dead_letter(

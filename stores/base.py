@@ -117,7 +117,8 @@ class Store(abc.ABC):
         """Mark the key completed with ``result``; ``False`` if ``fence`` lost the key.
 
         Raises :class:`stores.errors.ResultTooLarge` when the backend cannot
-        hold ``result``; the key is then left as it was.
+        hold ``result``, and ``orjson.JSONEncodeError`` when it is not JSON
+        (``stores.codec.dump_result``); the key is then left as it was.
         """
 
     @abc.abstractmethod
