@@ -43,6 +43,13 @@ def business_table(run_id: str) -> str:
 
 
 @pytest.fixture
+def keys_table(run_id: str) -> str:
+    # Not the shared semel_keys: other suites migrate that one concurrently,
+    # and their DDL locks outlast this mode's 100 ms lock timeout.
+    return f"t_{run_id}_keys"
+
+
+@pytest.fixture
 async def db(postgres_server: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
     """A connection of the test's own, outside any store (autocommit)."""
     async with await psycopg.AsyncConnection.connect(postgres_server, autocommit=True) as conn:
@@ -51,7 +58,7 @@ async def db(postgres_server: str) -> AsyncIterator[psycopg.AsyncConnection[Any]
 
 @pytest.fixture
 async def tables(
-    db: psycopg.AsyncConnection[Any], outbox_table: str, business_table: str
+    db: psycopg.AsyncConnection[Any], outbox_table: str, business_table: str, keys_table: str
 ) -> AsyncIterator[None]:
     """A business table with no unique constraint: duplicates must show, not be hidden."""
     orders = sql.Identifier(business_table)
@@ -62,14 +69,17 @@ async def tables(
         ).format(orders)
     )
     yield
-    for table in (business_table, outbox_table):
+    for table in (business_table, outbox_table, keys_table):
         await db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
 
 
 @pytest.fixture
-def make_settings_tx(make_settings: SettingsFactory, outbox_table: str) -> SettingsFactory:
+def make_settings_tx(
+    make_settings: SettingsFactory, outbox_table: str, keys_table: str
+) -> SettingsFactory:
     def factory(**overrides: Any) -> Any:
-        return make_settings(**({"transactional": True, "outbox_table": outbox_table} | overrides))
+        mode = {"transactional": True, "outbox_table": outbox_table, "postgres_table": keys_table}
+        return make_settings(**(mode | overrides))
 
     return factory
 

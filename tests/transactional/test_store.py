@@ -139,7 +139,11 @@ async def lock_row(db: AsyncConnection[Any], store: TransactionalStore, key: str
 
 @pytest.mark.parametrize("state", ["released", "lease-expired"])
 async def test_a_claim_never_waits_for_a_locked_row(
-    make_store: StoreFactory, make_settings: SettingsFactory, db: AsyncConnection[Any], state: str
+    make_store: StoreFactory,
+    make_settings: SettingsFactory,
+    db: AsyncConnection[Any],
+    state: str,
+    keys_table: str,
 ) -> None:
     store = await tx_store(make_store, lock_ttl=0.2)
     first = await store.claim("k", FP)
@@ -147,7 +151,8 @@ async def test_a_claim_never_waits_for_a_locked_row(
         assert await store.release("k", first.fence)
     else:
         await asyncio.sleep(0.3)
-    plain = await open_store(make_settings(lock_ttl=0.2))  # same keys, ordinary mode
+    # Same keys, ordinary mode.
+    plain = await open_store(make_settings(lock_ttl=0.2, postgres_table=keys_table))
     try:
         async with db.transaction():
             await lock_row(db, store, "k")
