@@ -23,6 +23,7 @@ nothing and returns ``False``.
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -83,6 +84,23 @@ class Claim:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """One key to claim in :meth:`Store.claim_many`."""
+
+    key: str
+    fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One completion in :meth:`Store.complete_many`; ``data`` from :meth:`Store.encode_result`."""
+
+    key: str
+    fence: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class StoreConfig:
     """Backend-independent knobs, all in seconds."""
 
@@ -104,9 +122,34 @@ class Store(abc.ABC):
     """
 
     backend: str = "abstract"
+    result_limit: int | None = None  # bytes of encoded result the backend can hold
 
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
+
+    def encode_result(self, result: JSON) -> bytes:
+        """``result`` as this store writes it; raises what :meth:`complete` documents."""
+        from stores.codec import dump_result  # codec builds on this module's types
+
+        return dump_result(result, self.result_limit)
+
+    async def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+        """Claim several distinct keys; the answers of one :meth:`claim` each, in order.
+
+        Backends override it to decide the whole batch in one round trip; each
+        key is still decided atomically on its own. Keys in one call are
+        distinct (the caller guarantees it). Raises
+        :class:`stores.errors.StoreUnavailable` for the batch as a whole.
+        """
+        return [await self.claim(r.key, r.fingerprint) for r in requests]
+
+    async def complete_many(self, completions: Sequence[Completion]) -> list[bool]:
+        """Complete several distinct keys, each fenced on its own; answers in order."""
+        return [await self.complete_encoded(c) for c in completions]
+
+    async def complete_encoded(self, completion: Completion) -> bool:
+        """:meth:`complete` with a result already encoded by :meth:`encode_result`."""
+        raise NotImplementedError(f"{self.backend} store completes only through complete()")
 
     @abc.abstractmethod
     async def claim(self, key: str, fingerprint: str) -> Claim:
