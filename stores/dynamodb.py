@@ -26,8 +26,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 from settings import Settings
 from stores import dynamodb_items as items
 from stores import dynamodb_table
-from stores.base import JSON, Claim, Outcome, Record, Store, StoreConfig
-from stores.codec import dump_result, store_config
+from stores.base import JSON, Claim, Completion, Outcome, Record, Store, StoreConfig
+from stores.codec import store_config
 from stores.dynamodb_items import Instant, Item, Step, Update
 from stores.errors import StoreUnavailable
 
@@ -58,6 +58,7 @@ class DynamoDBStore(Store):
     """Idempotency records as items of one table, keyed by the namespaced key."""
 
     backend = BACKEND
+    result_limit = RESULT_LIMIT
 
     def __init__(
         self, config: StoreConfig, client: DynamoDBClient, table: str, executor: ThreadPoolExecutor
@@ -169,9 +170,13 @@ class DynamoDBStore(Store):
         return items.to_record(key, item)
 
     async def complete(self, key: str, fence: int, result: JSON) -> bool:
-        data = dump_result(result, limit=RESULT_LIMIT).decode()
-        update = items.complete_update(fence, data, Instant.now(), self.config)
-        return await self._update(key, update) is not None
+        return await self.complete_encoded(Completion(key, fence, self.encode_result(result)))
+
+    async def complete_encoded(self, completion: Completion) -> bool:
+        # The result is stored as a string attribute: orjson's output is UTF-8.
+        data = completion.data.decode()
+        update = items.complete_update(completion.fence, data, Instant.now(), self.config)
+        return await self._update(completion.key, update) is not None
 
     async def release(self, key: str, fence: int) -> bool:
         update = items.lease_update(fence, ":now_ms", Instant.now(), self.config)
