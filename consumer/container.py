@@ -15,6 +15,7 @@ from typing import Any
 
 from dependency_injector import containers, providers
 
+from consumer.batching import batched
 from consumer.broker import open_connection
 from consumer.handler import load_handler
 from consumer.httpd import open_operations
@@ -81,7 +82,7 @@ class Container(containers.DeclarativeContainer):
     # and its pipeline reports to an observer (metrics, plus spans when
     # OpenTelemetry is configured). `health` serves /metrics, /healthz, /readyz.
     metrics = providers.Singleton(Metrics)
-    metered_store = providers.Singleton(MeteredStore, store, metrics)
+    metered_store = providers.Singleton(MeteredStore, providers.Singleton(batched, store), metrics)
     timed_handler = providers.Singleton(timed, handler, metrics)
     observer = providers.Singleton(
         traced, providers.Factory(MetricsObserver, metrics), settings.provided.queue

@@ -20,6 +20,7 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from consumer.copies import Facts, first_seen
 from consumer.decide import (
+    Ack,
     DeadLetter,
     NackToConflict,
     Requeue,
@@ -248,5 +249,8 @@ class Pipeline:
         error = error or getattr(decision, "error", None)
         if error:
             fields["error"] = redact(error)  # exception text, bounded; never the body
-        log.info("settled", **fields)
+        if isinstance(decision, Ack):
+            log.debug("settled", **fields)
+        else:
+            log.info("settled", **fields)
         return decision

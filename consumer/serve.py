@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import signal
 from typing import Any
 
@@ -49,7 +50,7 @@ async def consume(container: Container | None = None, stop: asyncio.Event | None
         settings = container.settings()
     except ConfigError as exc:
         raise StartupError(str(exc), EXIT_USAGE) from None
-    configure(settings.log_format)
+    configure(settings.log_format, logging.getLevelNamesMapping()[settings.log_level.upper()])
     try:
         # Served first, so /healthz answers while the store and the broker are awaited.
         health: Health = await container.health.async_()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 import structlog
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage, AbstractQueue
@@ -26,7 +27,7 @@ BROKER_CALL_TIMEOUT = 5.0  # seconds for a broker call that must not block a sto
 
 log = structlog.get_logger("semel.supervise")
 
-Callback = Callable[[AbstractIncomingMessage], Awaitable[None]]
+Callback = Callable[[AbstractIncomingMessage], None]
 
 
 class Intake:
@@ -43,7 +44,11 @@ class Intake:
 
     async def resume(self) -> None:
         if self._tag is None:
-            self._tag = await self._queue.consume(self._callback)
+            # A plain function: aio-pika calls it straight from the loop, where
+            # a coroutine function would cost a task per delivery of its own
+            # (the worker starts one per delivery anyway).
+            callback = cast(Callable[[AbstractIncomingMessage], Awaitable[None]], self._callback)
+            self._tag = await self._queue.consume(callback)
 
     async def pause(self) -> None:
         tag, self._tag = self._tag, None

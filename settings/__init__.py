@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from settings.model import PREFIX, LogFormat, QueueType, Settings, StoreKind
+from settings.model import PREFIX, LogFormat, LogLevel, QueueType, Settings, StoreKind
 from settings.redact import redact
 
 __all__ = [
     "PREFIX",
     "ConfigError",
     "LogFormat",
+    "LogLevel",
     "QueueType",
     "Settings",
     "StoreKind",

@@ -37,6 +37,13 @@ class LogFormat(StrEnum):
     JSON = "json"
 
 
+class LogLevel(StrEnum):
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
 def _env(name: str, *fallbacks: str) -> AliasChoices:
     return AliasChoices(PREFIX + name, *fallbacks)
 
@@ -114,6 +121,9 @@ class Settings(BaseSettings):
     broker_give_up: Seconds = 300.0
     metrics_port: int = Field(9464, ge=0, le=65535)
     log_format: LogFormat = LogFormat.CONSOLE
+    # Routine deliveries (processed, duplicate) are logged at debug: a line
+    # per message costs more than the rest of a duplicate's processing.
+    log_level: LogLevel = LogLevel.INFO
 
     @field_validator("binding_keys", mode="before")
     @classmethod

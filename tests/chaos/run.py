@@ -119,6 +119,7 @@ def chaos_settings(
         "prefetch": config.prefetch,
         "metrics_port": 0,
         "log_format": "json",
+        "log_level": "debug",  # the verdict reads every settled line
     }
     return Settings(**(overrides | server.settings() | mode_settings(config.store)))
 

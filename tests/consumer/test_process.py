@@ -16,7 +16,7 @@ import pytest
 from consumer.message import fingerprint
 from consumer.names import Topology
 from consumer.topology import queue_specs
-from settings import LogFormat, Settings
+from settings import LogFormat, LogLevel, Settings
 from stores.base import Outcome, Status, Store
 from tests.conftest import settings_env
 from tests.consumer.conftest import CONSUMER_BACKENDS, ConsumerSettings
@@ -213,7 +213,11 @@ async def test_the_bundled_example_handler_runs_from_the_environment_alone(
 ) -> None:
     """The bundled example handler with nothing but the environment, like the Procfile."""
     default = settings.model_copy(
-        update={"handler": "consumer.examples:order_paid", "log_format": LogFormat.JSON}
+        update={
+            "handler": "consumer.examples:order_paid",
+            "log_format": LogFormat.JSON,
+            "log_level": LogLevel.DEBUG,
+        }
     )
     await broker.declare(default)
     await broker.publish(default, {"order_id": "A-1", "amount": 42}, key="paid-1")
