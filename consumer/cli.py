@@ -88,11 +88,22 @@ def inspect(key: str = typer.Argument(..., help="the idempotency key, without pr
     typer.echo(data.decode())
 
 
+def _fast_loop() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop where it is installed: the worker spends much of each delivery in the
+    event loop's own machinery (transports, callbacks), which uvloop does in C."""
+    try:
+        import uvloop
+    except ImportError:  # e.g. Windows: asyncio's own loop
+        return None
+    return uvloop.new_event_loop
+
+
 @app.command()
 def consume() -> None:
     """Run the consumer until SIGTERM / SIGINT (the Procfile's worker)."""
     try:
-        code = asyncio.run(run_consumer())
+        with asyncio.Runner(loop_factory=_fast_loop()) as runner:
+            code = runner.run(run_consumer())
     except StartupError as exc:
         fail(str(exc), exc.code)
         return

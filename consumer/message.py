@@ -104,6 +104,12 @@ def _finite_float(text: str) -> float:
     return value
 
 
+# Built once: json.loads / json.dumps with options build a new decoder or
+# encoder on every call, a measurable share of a duplicate's cost.
+_DECODER = json.JSONDecoder(parse_constant=_forbid_constant, parse_float=_finite_float)
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def parse_body(body: bytes, content_type: str | None, limit: int) -> dict[str, Any]:
     """The body as a JSON object, or :class:`BadMessage`."""
     if len(body) > limit:
@@ -114,9 +120,7 @@ def parse_body(body: bytes, content_type: str | None, limit: int) -> dict[str, A
     try:
         # The standard library keeps integers exact (orjson turns big ones into
         # floats), and the fingerprint must not merge two different bodies.
-        parsed = json.loads(
-            body.decode("utf-8"), parse_constant=_forbid_constant, parse_float=_finite_float
-        )
+        parsed = _DECODER.decode(body.decode("utf-8"))
     except UnicodeDecodeError:
         raise BadMessage(Reason.MALFORMED_BODY, "body is not valid UTF-8") from None
     except (ValueError, RecursionError) as exc:
@@ -130,7 +134,7 @@ def parse_body(body: bytes, content_type: str | None, limit: int) -> dict[str, A
 
 def fingerprint(body: Mapping[str, Any]) -> str:
     """sha256 of the canonical JSON: sorted keys, no whitespace, UTF-8."""
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    canonical = _CANONICAL.encode(body)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
