@@ -1,18 +1,19 @@
 """The PostgreSQL store: one row per key, claimed by a single upsert.
 
-The claim is one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE ... RETURNING``
-statement; PostgreSQL locks the conflicting row and evaluates the WHERE
-clause against its latest committed version, so concurrent claimers of one
-key are serialised by the server and exactly one of them writes. Every lease
-and retention time is computed from the server's ``now()``.
+Claims and completions of many keys go out as one statement each, over
+arrays of keys; a single claim is a batch of one, so both paths decide a key
+in exactly the same way. The SQL and its guarantees are in
+:mod:`stores.postgres_sql`.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
+import orjson
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
@@ -20,15 +21,36 @@ from psycopg_pool import AsyncConnectionPool
 
 from settings import Settings
 from settings.redact import redact
-from stores.base import JSON, POISON_ERROR, Claim, Outcome, Record, Status, Store, StoreConfig
-from stores.codec import dump_result, load_result, store_config
+from stores.base import (
+    JSON,
+    POISON_ERROR,
+    Claim,
+    ClaimRequest,
+    Completion,
+    Outcome,
+    Record,
+    Status,
+    Store,
+    StoreConfig,
+)
+from stores.codec import load_result, store_config
 from stores.errors import StoreUnavailable
+from stores.postgres_sql import Statements, schema
 from stores.refusal import refused_outcome
 
 BACKEND = "postgres"
 CONNECT_TIMEOUT = 3  # seconds; libpq's minimum useful value is 2
 POOL_TIMEOUT = 5.0  # seconds a caller waits for a pooled connection
-POOL_MAX = (2, 32)  # bounds of the pool size derived from the prefetch
+# Bounds of the store's pool. With claims and completions batched, a process
+# has few statements on the wire at once: two claim batches and two
+# completion batches (consumer.batching), plus the unbatched fenced writes
+# (heartbeat, release, fail), each well under a millisecond of server time.
+# More connections would not add throughput, only server processes: ten
+# replicas of 8 stay within PostgreSQL's default max_connections of 100.
+POOL_MAX = (2, 8)
+# A batch that loses a deadlock against a write which locked the same rows
+# in another order was rolled back whole, so it is simply sent again.
+DEADLOCK_ATTEMPTS = 3
 
 # Errors that mean "the server cannot serve us now", not "this request is wrong".
 # ReadOnlySqlTransaction is what a standby answers after a failover.
@@ -38,86 +60,11 @@ UNAVAILABLE = (
     psycopg.errors.ReadOnlySqlTransaction,
 )
 
-COLUMNS = sql.SQL(
-    "key, fingerprint, status, fence, claims, lock_expires_at, result::text, error,"
-    " first_seen, updated_at, expires_at"
-)
+# jsonb cannot hold U+0000 (an escape preceded by an even run of backslashes;
+# after an odd run the backslash itself is the escaped character).
+NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
-# Past retention a row counts as absent (its fence still grows). A live row
-# gets past the claim's WHERE clause only when it is in progress with the same
-# fingerprint and no lease, so "live" alone tells a takeover from a fresh start.
-# The claim and the read after a refusal share these, so they never disagree.
-LIVE = sql.SQL("(t.expires_at > now())")
-LEASED = sql.SQL("coalesce(t.lock_expires_at > now(), false)")
-POISONED = sql.SQL("(t.expires_at > now() AND t.claims >= %(max_claims)s)")
-
-CLAIM = """
-INSERT INTO {table} AS t (key, fingerprint, status, fence, claims, lock_expires_at,
-                          first_seen, updated_at, expires_at)
-VALUES (%(key)s, %(fingerprint)s, 'in_progress', 1, 1, now() + make_interval(secs => %(ttl)s),
-        now(), now(), now() + make_interval(secs => %(hold)s))
-ON CONFLICT (key) DO UPDATE SET
-    fingerprint = excluded.fingerprint,
-    status = CASE WHEN {poisoned} THEN 'failed' ELSE 'in_progress' END,
-    fence = CASE WHEN {poisoned} THEN t.fence ELSE t.fence + 1 END,
-    claims = CASE WHEN {poisoned} THEN t.claims WHEN {live} THEN t.claims + 1 ELSE 1 END,
-    lock_expires_at = CASE WHEN {poisoned} THEN NULL ELSE excluded.lock_expires_at END,
-    result = NULL,
-    error = CASE WHEN {poisoned} THEN %(poison_error)s END,
-    first_seen = CASE WHEN {live} THEN t.first_seen ELSE now() END,
-    updated_at = now(),
-    expires_at = CASE WHEN {poisoned} THEN now() + make_interval(secs => %(retention)s)
-                      ELSE excluded.expires_at END
-WHERE NOT {live}
-   OR (t.status = 'in_progress' AND t.fingerprint = excluded.fingerprint AND NOT {leased})
-RETURNING {columns}
-"""
-
-# Read after a refused claim; the flags are judged by the server's clock.
-INSPECT = """
-SELECT {columns}, {live}, {leased} FROM {table} AS t WHERE key = %(key)s
-"""
-
-# Every fenced write: only the owner of the current fence changes the row.
-FENCED = " WHERE key = %(key)s AND fence = %(fence)s AND status = 'in_progress'"
-SET_COMPLETE = """status = 'completed', result = %(result)s::jsonb, lock_expires_at = NULL,
-    updated_at = now(), expires_at = now() + make_interval(secs => %(retention)s)"""
-SET_RELEASE = """lock_expires_at = now(),
-    updated_at = now(), expires_at = now() + make_interval(secs => %(hold)s)"""
-SET_FAIL = """status = 'failed', error = %(error)s, lock_expires_at = NULL,
-    updated_at = now(), expires_at = now() + make_interval(secs => %(retention)s)"""
-SET_HEARTBEAT = """lock_expires_at = now() + make_interval(secs => %(ttl)s),
-    updated_at = now(), expires_at = now() + make_interval(secs => %(hold)s)"""
-SET_RESET = """status = 'in_progress', claims = 0, result = NULL, error = NULL,
-    lock_expires_at = now(), updated_at = now(),
-    expires_at = now() + make_interval(secs => %(hold)s)"""
-
-PURGE = """
-DELETE FROM {table} WHERE key IN (
-    SELECT key FROM {table} WHERE expires_at <= now() LIMIT %(limit)s FOR UPDATE SKIP LOCKED
-) AND expires_at <= now()
-"""
-
-
-def schema(table: str) -> list[sql.Composed]:
-    """The DDL ``migrate`` runs; ``deploy/postgres-schema.sql`` is its rendering."""
-    index = f"{table[:48]}_expires_at_idx"  # stays within the 63-byte identifier limit
-    create = """CREATE TABLE IF NOT EXISTS {table} (
-    key             text        PRIMARY KEY,
-    fingerprint     text        NOT NULL,
-    status          text        NOT NULL CHECK (status IN ('in_progress', 'completed', 'failed')),
-    fence           bigint      NOT NULL,
-    claims          integer     NOT NULL,
-    lock_expires_at timestamptz,
-    result          jsonb,
-    error           text,
-    first_seen      timestamptz NOT NULL,
-    updated_at      timestamptz NOT NULL,
-    expires_at      timestamptz NOT NULL
-)"""
-    create_index = "CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at)"
-    names = {"table": sql.Identifier(table), "index": sql.Identifier(index)}
-    return [sql.SQL(create).format(**names), sql.SQL(create_index).format(**names)]
+Row = tuple[Any, ...]
 
 
 class PostgresStore(Store):
@@ -129,42 +76,29 @@ class PostgresStore(Store):
         super().__init__(config)
         self._pool = pool
         self._table = table
-        name = sql.Identifier(table)
-        parts = {"table": name, "columns": COLUMNS, "live": LIVE, "leased": LEASED}
-        self._claim = sql.SQL(CLAIM).format(poisoned=POISONED, **parts)
-        self._inspect = sql.SQL(INSPECT).format(**parts)
-        self._purge = sql.SQL(PURGE).format(table=name)
-
-        def update(assignments: str, where: str = FENCED) -> sql.Composed:
-            return sql.SQL("UPDATE {table} SET " + assignments + where).format(table=name)
-
-        self._complete = update(SET_COMPLETE)
-        self._release = update(SET_RELEASE)
-        self._fail = update(SET_FAIL)
-        self._heartbeat = update(SET_HEARTBEAT)
-        # A row past retention is absent: resetting it would revive its fingerprint.
-        self._reset = update(SET_RESET, " WHERE key = %(key)s AND expires_at > now()")
+        self._sql = Statements(table)
 
     @contextlib.asynccontextmanager
-    async def _cursor(self) -> AsyncIterator[psycopg.AsyncCursor[tuple[Any, ...]]]:
+    async def _cursor(self) -> AsyncIterator[psycopg.AsyncCursor[Row]]:
         try:
             async with self._pool.connection() as conn, conn.cursor() as cur:
                 yield cur
         except UNAVAILABLE as exc:
             raise StoreUnavailable(BACKEND, describe(exc)) from exc
 
-    def _params(self, key: str, **extra: Any) -> dict[str, Any]:
+    def _times(self) -> dict[str, Any]:
         config = self.config
         return {
-            "key": config.namespaced(key),
             "ttl": config.lock_ttl,
             "retention": config.retention,
             # An in-progress row must outlive its lease, whatever the retention.
             "hold": max(config.retention, config.lock_ttl),
-            **extra,
         }
 
-    def _record(self, key: str, row: tuple[Any, ...]) -> Record:
+    def _params(self, key: str, **extra: Any) -> dict[str, Any]:
+        return {"key": self.config.namespaced(key), **self._times(), **extra}
+
+    def _record(self, key: str, row: Row) -> Record:
         return Record(
             key=key,
             fingerprint=row[1],
@@ -179,32 +113,75 @@ class PostgresStore(Store):
             expires_at=row[10],
         )
 
+    async def _rows(
+        self, cur: psycopg.AsyncCursor[Row], statement: sql.Composed, params: dict[str, Any]
+    ) -> list[Row]:
+        """The rows ``statement`` returns; sent again after a lost deadlock."""
+        attempt = 1
+        while True:
+            try:
+                await cur.execute(statement, params)
+                return await cur.fetchall()
+            except psycopg.errors.DeadlockDetected:
+                if attempt == DEADLOCK_ATTEMPTS:
+                    raise
+                attempt += 1
+
+    def _distinct(self, keys: Sequence[str]) -> dict[str, int]:
+        """Each namespaced key's position in the batch."""
+        where = {self.config.namespaced(key): i for i, key in enumerate(keys)}
+        if len(where) != len(keys):
+            raise ValueError("a batch names some key twice")
+        return where
+
+    def encode_result(self, result: JSON) -> bytes:
+        data = super().encode_result(result)
+        # Refused here, before the batch: in the statement it would fail every key.
+        if b"u0000" in data and NUL_ESCAPE.search(data):
+            raise orjson.JSONEncodeError("result holds U+0000, which jsonb cannot store")
+        return data
+
     async def claim(self, key: str, fingerprint: str) -> Claim:
-        params = self._params(
-            key,
-            fingerprint=fingerprint,
-            max_claims=self.config.max_claims,
-            poison_error=POISON_ERROR,
-        )
+        (claim,) = await self._claim_all([ClaimRequest(key, fingerprint)])
+        return claim
+
+    async def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+        return await self._claim_all(requests)
+
+    async def _claim_all(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+        """The batch claim; private so a subclass's claim_many may call claim."""
+        if not requests:
+            return []
+        where = self._distinct([r.key for r in requests])
+        params = {**self._times(), "max_claims": self.config.max_claims}
+        params["poison_error"] = POISON_ERROR
+        answers: dict[str, Claim] = {}
+        pending = sorted(where)  # the lock order every batch shares
         async with self._cursor() as cur:
-            while True:
-                await cur.execute(self._claim, params)
-                row = await cur.fetchone()
-                if row is not None:
-                    # RETURNING only yields a row this statement wrote, and it
+            while pending:
+                fingerprints = [requests[where[key]].fingerprint for key in pending]
+                params |= {"keys": pending, "fingerprints": fingerprints}
+                for row in await self._rows(cur, self._sql.claim, params):
+                    # RETURNING only yields rows this statement wrote, and it
                     # writes either a claim (in_progress) or a poisoning (failed).
-                    record = self._record(key, row)
+                    record = self._record(requests[where[row[0]]].key, row)
                     won = record.status is Status.IN_PROGRESS
-                    return Claim(Outcome.CLAIMED if won else Outcome.POISON, record)
-                await cur.execute(self._inspect, params)
-                row = await cur.fetchone()
-                if row is None:
-                    continue  # purged since the refusal: claim it afresh
-                record = self._record(key, row)
-                outcome = refused_outcome(record, fingerprint, live=row[11], leased=row[12])
-                if outcome is not None:
-                    return Claim(outcome, record)
-                # Released or expired since the refusal: the next claim may win it.
+                    answers[row[0]] = Claim(Outcome.CLAIMED if won else Outcome.POISON, record)
+                refused = [key for key in pending if key not in answers]
+                if not refused:
+                    break
+                params["keys"] = refused
+                for row in await self._rows(cur, self._sql.inspect_many, params):
+                    request = requests[where[row[0]]]
+                    record = self._record(request.key, row)
+                    live, leased = row[11], row[12]
+                    outcome = refused_outcome(record, request.fingerprint, live=live, leased=leased)
+                    if outcome is not None:
+                        answers[row[0]] = Claim(outcome, record)
+                # Left: purged, released or expired since the refusal. Each is
+                # claimable now, so the next round decides it like a fresh claim.
+                pending = [key for key in refused if key not in answers]
+        return [answers[key] for key in where]
 
     async def _write(self, statement: sql.Composed, params: dict[str, Any]) -> bool:
         async with self._cursor() as cur:
@@ -212,24 +189,45 @@ class PostgresStore(Store):
             return cur.rowcount == 1
 
     async def complete(self, key: str, fence: int, result: JSON) -> bool:
-        data = dump_result(result).decode()
-        return await self._write(self._complete, self._params(key, fence=fence, result=data))
+        return await self.complete_encoded(Completion(key, fence, self.encode_result(result)))
+
+    async def complete_encoded(self, completion: Completion) -> bool:
+        data = completion.data.decode()
+        params = self._params(completion.key, fence=completion.fence, result=data)
+        return await self._write(self._sql.complete, params)
+
+    async def complete_many(self, completions: Sequence[Completion]) -> list[bool]:
+        if not completions:
+            return []
+        where = self._distinct([c.key for c in completions])
+        # In the claims' lock order where the plan follows the array (a
+        # nested loop); a hash join may not, and a lost deadlock is retried.
+        keys = sorted(where)
+        batch = [completions[where[key]] for key in keys]
+        params = self._times() | {
+            "keys": keys,
+            "fences": [c.fence for c in batch],
+            "results": [c.data.decode() for c in batch],
+        }
+        async with self._cursor() as cur:
+            done = {row[0] for row in await self._rows(cur, self._sql.complete_many, params)}
+        return [key in done for key in where]
 
     async def release(self, key: str, fence: int) -> bool:
-        return await self._write(self._release, self._params(key, fence=fence))
+        return await self._write(self._sql.release, self._params(key, fence=fence))
 
     async def fail(self, key: str, fence: int, error: str) -> bool:
-        return await self._write(self._fail, self._params(key, fence=fence, error=error))
+        return await self._write(self._sql.fail, self._params(key, fence=fence, error=error))
 
     async def heartbeat(self, key: str, fence: int) -> bool:
-        return await self._write(self._heartbeat, self._params(key, fence=fence))
+        return await self._write(self._sql.heartbeat, self._params(key, fence=fence))
 
     async def reset(self, key: str) -> bool:
-        return await self._write(self._reset, self._params(key))
+        return await self._write(self._sql.reset, self._params(key))
 
     async def get(self, key: str) -> Record | None:
         async with self._cursor() as cur:
-            await cur.execute(self._inspect, self._params(key))
+            await cur.execute(self._sql.inspect, self._params(key))
             row = await cur.fetchone()
         if row is None or not row[11]:
             return None
@@ -238,7 +236,7 @@ class PostgresStore(Store):
     async def purge(self, limit: int = 10_000) -> int:
         """Delete up to ``limit`` rows past retention; returns how many went."""
         async with self._cursor() as cur:
-            await cur.execute(self._purge, {"limit": limit})
+            await cur.execute(self._sql.purge, {"limit": limit})
             return max(cur.rowcount, 0)
 
     async def migrate(self) -> list[str]:
@@ -260,9 +258,9 @@ def describe(exc: Exception) -> str:
     return redact(" ".join(str(exc).split()))
 
 
-def pool_size(prefetch: int) -> int:
-    """One connection per in-flight delivery, within bounds the server can afford."""
-    low, high = POOL_MAX
+def pool_size(prefetch: int, bounds: tuple[int, int] = POOL_MAX) -> int:
+    """Up to one connection per in-flight delivery, within ``bounds``."""
+    low, high = bounds
     return max(low, min(prefetch, high))
 
 
@@ -279,8 +277,12 @@ async def open_pool(
     settings: Settings,
     name: str = "semel-postgres",
     configure: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
+    size: int | None = None,
 ) -> AsyncConnectionPool:
-    """An open pool of autocommit connections; ``configure`` runs on each new one."""
+    """An open pool of autocommit connections; ``configure`` runs on each new one.
+
+    ``size`` defaults to the store's own :func:`pool_size`.
+    """
     kwargs: dict[str, Any] = {"autocommit": True, "application_name": "semel"}
     if "connect_timeout" not in conninfo_to_dict(settings.postgres_dsn):
         kwargs["connect_timeout"] = CONNECT_TIMEOUT
@@ -294,7 +296,7 @@ async def open_pool(
     pool: AsyncConnectionPool = AsyncConnectionPool(
         settings.postgres_dsn,
         min_size=1,
-        max_size=pool_size(settings.prefetch),
+        max_size=size or pool_size(settings.prefetch),
         kwargs=kwargs,
         timeout=POOL_TIMEOUT,
         open=False,

@@ -28,8 +28,8 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from settings import Settings
-from stores.base import JSON, Claim, Outcome, Record, Status, Store, StoreConfig
-from stores.codec import dump_result, store_config
+from stores.base import JSON, Claim, Completion, Outcome, Record, Status, Store, StoreConfig
+from stores.codec import store_config
 from stores.errors import StoreError, StoreUnavailable
 from stores.outbox import Outbox, OutboxMessage, OutboxTable
 from stores.outbox import schema as outbox_schema
@@ -40,6 +40,7 @@ from stores.postgres import (
     PostgresStore,
     describe,
     open_pool,
+    pool_size,
 )
 from stores.refusal import refused_outcome
 
@@ -49,6 +50,10 @@ LOCK_TIMEOUT_MS = 100
 # A handler's transaction idle longer than its time limit plus this belongs to a
 # client that is gone or frozen; the server then ends it, and its locks with it.
 IDLE_MARGIN = 10.0  # seconds
+# Claims go one by one here (a batch would fail whole on one locked row), and
+# every handler holds a unit connection: both pools keep one connection per
+# in-flight delivery, within what the server can afford.
+POOL_MAX = (2, 32)
 
 Work = Callable[[AsyncConnection[Any], Outbox], Awaitable[JSON]]
 Publish = Callable[[list[OutboxMessage]], Awaitable[dict[int, str | None]]]
@@ -94,6 +99,10 @@ class TransactionalStore(PostgresStore):
 
     # -- the claim never waits for a row lock ---------------------------------------------
 
+    # One claim per key: a lock timeout on one key's row must not fail a batch.
+    claim_many = Store.claim_many
+    complete_many = Store.complete_many
+
     async def claim(self, key: str, fingerprint: str) -> Claim:
         try:
             return await super().claim(key, fingerprint)
@@ -104,7 +113,7 @@ class TransactionalStore(PostgresStore):
         # this delivery is; if that state would let us in, the writer is about to
         # change it, so the answer is "in progress" either way.
         async with self._cursor() as cur:
-            await cur.execute(self._inspect, self._params(key))
+            await cur.execute(self._sql.inspect, self._params(key))
             row = await cur.fetchone()
         if row is None:
             record = Record(key, fingerprint, Status.IN_PROGRESS, 0, 0, None)
@@ -127,10 +136,10 @@ class TransactionalStore(PostgresStore):
         # A heartbeat sent just before the completion sees the completed row.
         return renewed or (key, fence) in self._finishing
 
-    async def complete(self, key: str, fence: int, result: JSON) -> bool:
-        if self._finishing.pop((key, fence), None) is Phase.COMMITTED:
+    async def complete_encoded(self, completion: Completion) -> bool:
+        if self._finishing.pop((completion.key, completion.fence), None) is Phase.COMMITTED:
             return True  # completed by the unit's commit, with the business writes
-        return await super().complete(key, fence, result)
+        return await super().complete_encoded(completion)
 
     async def release(self, key: str, fence: int) -> bool:
         self._finishing.pop((key, fence), None)
@@ -157,13 +166,13 @@ class TransactionalStore(PostgresStore):
                 async with conn.transaction():
                     outbox = Outbox()
                     result = await work(conn, outbox)
-                    data = dump_result(result).decode()
+                    data = self.encode_result(result).decode()
                     namespaced = self.config.namespaced(key)
                     await self.outbox.insert(conn, namespaced, fence, outbox.staged)
                     # Last, so the key's row stays locked only until the commit.
                     self._finishing[entry] = Phase.COMPLETING
                     params = self._params(key, fence=fence, result=data)
-                    completed = await conn.execute(self._complete, params)
+                    completed = await conn.execute(self._sql.complete, params)
                     if completed.rowcount != 1:
                         raise FencedOut(key, fence)
             except Exception as exc:
@@ -267,13 +276,17 @@ def _set(name: str, value: str) -> Callable[[AsyncConnection[Any]], Awaitable[No
 
 async def open_store(settings: Settings) -> Store:
     """Two pools: the store's own (short lock waits) and the handlers' transactions."""
-    pool = await open_pool(settings, configure=_set("lock_timeout", f"{LOCK_TIMEOUT_MS}ms"))
+    size = pool_size(settings.prefetch, POOL_MAX)
+    pool = await open_pool(
+        settings, configure=_set("lock_timeout", f"{LOCK_TIMEOUT_MS}ms"), size=size
+    )
     idle = round((settings.handler_timeout + IDLE_MARGIN) * 1000)
     try:
         units = await open_pool(
             settings,
             name="semel-postgres-units",
             configure=_set("idle_in_transaction_session_timeout", f"{idle}ms"),
+            size=size,
         )
     except BaseException:
         await pool.close()

@@ -10,7 +10,8 @@ import psycopg
 import pytest
 
 from stores.errors import StoreUnavailable
-from stores.postgres import PostgresStore, pool_size, schema
+from stores.postgres import PostgresStore, pool_size
+from stores.postgres_sql import schema
 from tests.conftest import SettingsFactory, StoreFactory, open_store
 
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "deploy" / "postgres-schema.sql"
@@ -104,4 +105,5 @@ async def test_unreachable_after_open_is_unavailable(
 
 
 def test_pool_size_follows_prefetch_within_bounds() -> None:
-    assert [pool_size(n) for n in (1, 2, 10, 32, 256)] == [2, 2, 10, 32, 32]
+    assert [pool_size(n) for n in (1, 2, 5, 8, 256)] == [2, 2, 5, 8, 8]
+    assert pool_size(256, (2, 32)) == 32

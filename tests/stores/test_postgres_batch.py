@@ -1,0 +1,253 @@
+"""PostgreSQL batches: one statement each, and the single-key answer for every key."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+import orjson
+import psycopg
+import pytest
+
+from stores.base import ClaimRequest, Completion, Outcome, Store
+from stores.postgres import PostgresStore
+from tests.conftest import StoreFactory
+
+pytestmark = pytest.mark.timeout(90)
+
+FP = "f" * 64
+OTHER_FP = "0" * 64
+KINDS = 9  # the states prepare() leaves keys in, by index modulo KINDS
+
+
+@pytest.fixture
+def backend() -> str:
+    return "postgres"
+
+
+def pg(store: Store) -> PostgresStore:
+    return cast(PostgresStore, store)
+
+
+async def sql(dsn: str, statement: str, *params: Any) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(statement.encode(), params)
+
+
+async def prepare(store: Store, dsn: str, n: int) -> list[ClaimRequest]:
+    """Keys in every state a claim can meet, and the requests that claim them."""
+    table = pg(store)._table
+
+    async def one(i: int) -> ClaimRequest:
+        key, kind = f"k{i}", i % KINDS
+        if kind == 0:  # never seen
+            return ClaimRequest(key, FP)
+        claim = await store.claim(key, FP)
+        if kind == 2:
+            assert await store.complete(key, claim.fence, {"i": i})
+        elif kind == 3:
+            assert await store.fail(key, claim.fence, f"boom {i}")
+        elif kind == 4:  # completed, then reused with another body
+            assert await store.complete(key, claim.fence, i)
+            return ClaimRequest(key, OTHER_FP)
+        elif kind == 5:  # max_claims=2 used up: the next claim poisons it
+            assert await store.release(key, claim.fence)
+            again = await store.claim(key, FP)
+            assert await store.release(key, again.fence)
+        elif kind == 6:
+            assert await store.release(key, claim.fence)
+        elif kind in (7, 8):
+            # 7: the lease ran out without a release; 8: completed, then forgotten
+            if kind == 8:
+                assert await store.complete(key, claim.fence, "old")
+            column = "lock_expires_at" if kind == 7 else "expires_at"
+            await sql(
+                dsn,
+                f"UPDATE {table} SET {column} = now() - interval '1 second' WHERE key = %s",
+                store.config.namespaced(key),
+            )
+        return ClaimRequest(key, FP)
+
+    return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+def summary(claim: Any) -> tuple[Any, ...]:
+    r = claim.record
+    return (claim.outcome, r.key, r.fingerprint, r.status, r.fence, r.claims, r.result, r.error)
+
+
+async def test_full_batch_answers_as_single_claims_would(
+    make_store: StoreFactory, postgres_server: str
+) -> None:
+    batch_store = await make_store(max_claims=2)
+    single_store = await make_store(max_claims=2, key_prefix=batch_store.config.key_prefix + "1")
+    requests = await prepare(batch_store, postgres_server, 256)
+    assert requests == await prepare(single_store, postgres_server, 256)
+
+    batched = await batch_store.claim_many(requests)
+    singles = [await single_store.claim(r.key, r.fingerprint) for r in requests]
+    assert [summary(c) for c in batched] == [summary(c) for c in singles]
+    assert [c.outcome for c in batched[:KINDS]] == [
+        Outcome.CLAIMED,
+        Outcome.IN_PROGRESS,
+        Outcome.DUPLICATE,
+        Outcome.FAILED,
+        Outcome.MISMATCH,
+        Outcome.POISON,
+        Outcome.CLAIMED,
+        Outcome.CLAIMED,
+        Outcome.CLAIMED,
+    ]
+
+    # Completions: the granted fence, a stale one, keys not in progress, a missing key.
+    def completions(store: Store, claims: list[Any]) -> list[Completion]:
+        out = []
+        for i, claim in enumerate(claims):
+            fence = claim.fence - (i % 2) * (claim.outcome is Outcome.CLAIMED)
+            out.append(Completion(claim.record.key, fence, store.encode_result([i])))
+        return [*out, Completion("missing", 1, b"null")]
+
+    written = await batch_store.complete_many(completions(batch_store, batched))
+    one_by_one = [
+        await single_store.complete_encoded(c) for c in completions(single_store, singles)
+    ]
+    assert written == one_by_one
+    # The holders of the "held" keys (their fence is in the answer) complete too.
+    assert written.count(True) == sum(
+        1
+        for i, c in enumerate(batched)
+        if (c.outcome is Outcome.CLAIMED and i % 2 == 0) or c.outcome is Outcome.IN_PROGRESS
+    )
+    for i in range(KINDS * 2):
+        left, right = await batch_store.get(f"k{i}"), await single_store.get(f"k{i}")
+        assert left is not None
+        assert right is not None
+        assert (left.status, left.fence, left.result) == (right.status, right.fence, right.result)
+
+
+async def test_rows_that_change_between_refusal_and_read(
+    make_store: StoreFactory, postgres_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = pg(await make_store())
+    keys = ["done", "released", "purged", "held"]
+    fences = {key: (await store.claim(key, FP)).fence for key in keys}
+    sent: list[str] = []
+    rows = store._rows
+
+    async def meddling(cur: Any, statement: Any, params: dict[str, Any]) -> list[Any]:
+        sent.append("read" if statement is store._sql.inspect_many else "claim")
+        if sent == ["claim", "read"]:  # every key was refused: change three before the read
+            assert await store.complete("done", fences["done"], "by the owner")
+            assert await store.release("released", fences["released"])
+            await sql(
+                postgres_server,
+                f"DELETE FROM {store._table} WHERE key = %s",
+                store.config.namespaced("purged"),
+            )
+        return await rows(cur, statement, params)
+
+    monkeypatch.setattr(store, "_rows", meddling)
+    order = list(reversed(keys))
+    claims = await store.claim_many([ClaimRequest(key, FP) for key in order])
+    assert [c.record.key for c in claims] == order
+    by_key = {c.record.key: c for c in claims}
+    assert (by_key["held"].outcome, by_key["held"].fence) == (Outcome.IN_PROGRESS, 1)
+    assert by_key["done"].outcome is Outcome.DUPLICATE
+    assert by_key["done"].record.result == "by the owner"
+    # Claimable again by the time of the read: decided by a second claim round.
+    assert (by_key["released"].outcome, by_key["released"].fence) == (Outcome.CLAIMED, 2)
+    assert (by_key["purged"].outcome, by_key["purged"].fence) == (Outcome.CLAIMED, 1)
+    assert sent == ["claim", "read", "claim"]
+
+
+async def test_one_statement_per_batch_unless_refused(
+    make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await make_store()
+    sent: list[str] = []
+    execute = psycopg.AsyncCursor.execute
+
+    async def counting(self: psycopg.AsyncCursor[Any], query: Any, *args: Any, **kw: Any) -> Any:
+        sent.append(query.as_string(self).split()[0])
+        return await execute(self, query, *args, **kw)
+
+    monkeypatch.setattr(psycopg.AsyncCursor, "execute", counting)
+    keys = [f"s{i}" for i in range(256)]
+    claims = await store.claim_many([ClaimRequest(k, FP) for k in keys])
+    assert sent == ["INSERT"]
+    done = [Completion(c.record.key, c.fence, b"1") for c in claims]
+    assert await store.complete_many(done) == [True] * 256
+    assert sent == ["INSERT", "UPDATE"]
+    again = await store.claim_many([ClaimRequest(k, FP) for k in keys])
+    assert {c.outcome for c in again} == {Outcome.DUPLICATE}
+    assert sent == ["INSERT", "UPDATE", "INSERT", "SELECT"]
+
+
+async def test_batches_in_opposite_orders_do_not_deadlock(make_store: StoreFactory) -> None:
+    store = await make_store()
+    keys = [f"d{i:03}" for i in range(64)]
+    for key in keys:
+        await store.claim(key, FP)  # held: every later claim locks the row and is refused
+    forward = [ClaimRequest(k, FP) for k in keys]
+    backward = list(reversed(forward))
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    for _ in range(10):
+        answers = await asyncio.gather(*(store.claim_many(r) for r in [forward, backward] * 3))
+        assert all(c.outcome is Outcome.IN_PROGRESS for a in answers for c in a)
+    # A deadlock is detected only after deadlock_timeout (1 s), then sent again.
+    assert loop.time() - start < 5
+
+
+async def test_a_lost_deadlock_is_sent_again(
+    make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await make_store()
+    execute = psycopg.AsyncCursor.execute
+    lost: list[str] = []
+
+    async def losing(self: psycopg.AsyncCursor[Any], query: Any, *args: Any, **kw: Any) -> Any:
+        if len(lost) < 2:
+            lost.append(query.as_string(self).split()[0])
+            raise psycopg.errors.DeadlockDetected("deadlock detected")
+        return await execute(self, query, *args, **kw)
+
+    monkeypatch.setattr(psycopg.AsyncCursor, "execute", losing)
+    claims = await store.claim_many([ClaimRequest("a", FP), ClaimRequest("b", FP)])
+    assert [c.outcome for c in claims] == [Outcome.CLAIMED, Outcome.CLAIMED]
+    lost.clear()
+    done = [Completion(c.record.key, c.fence, b"1") for c in claims]
+    assert await store.complete_many(done) == [True, True]
+    assert lost == ["UPDATE", "UPDATE"]
+
+
+async def test_result_jsonb_cannot_hold_fails_alone(make_store: StoreFactory) -> None:
+    store = await make_store()
+    with pytest.raises(orjson.JSONEncodeError, match="U\\+0000"):
+        store.encode_result({"text": "a\x00b"})
+    # An escaped backslash before "u0000" is text, not the NUL escape.
+    kept = ["\\u0000", "\\\\u0000"]
+    claim = await store.claim("k", FP)
+    with pytest.raises(orjson.JSONEncodeError):
+        await store.complete("k", claim.fence, "\x00")
+    assert await store.complete_many([Completion("k", claim.fence, store.encode_result(kept))])
+    record = await store.get("k")
+    assert record is not None
+    assert record.result == kept
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s: s.claim_many([ClaimRequest("k", FP), ClaimRequest("k", FP)]),
+        lambda s: s.complete_many([Completion("k", 1, b"1"), Completion("k", 2, b"2")]),
+    ],
+)
+async def test_a_key_twice_in_one_batch_is_a_caller_error(
+    make_store: StoreFactory, call: Callable[[Store], Awaitable[Any]]
+) -> None:
+    store = await make_store()
+    with pytest.raises(ValueError, match="twice"):
+        await call(store)
+    assert await store.get("k") is None
