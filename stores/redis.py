@@ -1,12 +1,21 @@
 """The Redis store: one hash per key, every decision taken inside a Lua script.
 
-A record is a single hash at ``<prefix>:<key>``: one key is one hash slot,
-so it needs no ``{...}`` hash tag and the scripts, which touch only KEYS[1],
-would run unchanged under a Redis Cluster client. Each operation is one
+A record is a single hash at ``<prefix>:<key>``. Each operation is one
 EVALSHA of a script in ``stores/redis_scripts/``: the claim inspects, takes
 over or refuses and returns the record in the same round trip. Leases are
 server-clock milliseconds (``TIME``); retention is the key's own expiry,
 refreshed by every write, so Redis forgets finished keys by itself.
+
+A batch (``claim_many`` / ``complete_many``) is one EVALSHA of the same
+script over all its keys: one round trip and one reply to decode, and each
+key decided as if alone, since a script runs atomically as a whole (it also
+holds the server that long: a few milliseconds for a few hundred keys).
+That assumes one server holds every key: a standalone Redis, which is what
+:func:`open_store` connects to, or one that Sentinel fails over. A Redis
+Cluster refuses a script whose keys span hash slots (CROSSSLOT), and the
+distinct keys of a batch nearly always do; there a batch would have to be
+split by slot, about one call per key again. A single-key call's script
+touches only its own key, as Cluster would require.
 """
 
 from __future__ import annotations
@@ -15,18 +24,30 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import orjson
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from settings import Settings, redact
-from stores.base import JSON, POISON_ERROR, Claim, Outcome, Record, Status, Store, StoreConfig
-from stores.codec import dump_result, from_epoch_ms, load_result, store_config
+from stores.base import (
+    JSON,
+    POISON_ERROR,
+    Claim,
+    ClaimRequest,
+    Completion,
+    Outcome,
+    Record,
+    Status,
+    Store,
+    StoreConfig,
+)
+from stores.codec import from_epoch_ms, store_config
 from stores.errors import StoreUnavailable
+from stores.redis_eval import Script, evalsha, pack_script
 
 CONNECT_TIMEOUT = 2.0
 """Seconds to open a connection: a stopped server shows up this fast."""
@@ -53,41 +74,43 @@ _SCRIPTS = Path(__file__).with_name("redis_scripts")
 T = TypeVar("T")
 
 
-def _lua(name: str) -> str:
-    return (_SCRIPTS / f"{name}.lua").read_text(encoding="utf-8")
+def _lua(*names: str) -> Script:
+    """The scripts ``names`` as one script; the first ones define what the last uses."""
+    return Script("\n".join((_SCRIPTS / f"{n}.lua").read_text(encoding="utf-8") for n in names))
 
 
-CLAIM_LUA = _lua("claim")
-COMPLETE_LUA = _lua("complete")
-RELEASE_LUA = _lua("release")
-FAIL_LUA = _lua("fail")
-HEARTBEAT_LUA = _lua("heartbeat")
-GET_LUA = _lua("get")
-RESET_LUA = _lua("reset")
+CLAIM = _lua("record", "claim")
+GET = _lua("record", "get")
+COMPLETE = _lua("complete")
+RELEASE = _lua("release")
+FAIL = _lua("fail")
+HEARTBEAT = _lua("heartbeat")
+RESET = _lua("reset")
+
+_WRITTEN = ord("1")  # complete.lua's answer for a key it wrote
+# Looked up per key of a batch; a dict is several times cheaper than Enum(value).
+_STATUS = {s.value: s for s in Status}
+_OUTCOME = {o.value: o for o in Outcome}
 
 
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
-def _text(value: bytes | None) -> str | None:
-    return None if value is None else value.decode()
-
-
-def _record(key: str, reply: Sequence[Any]) -> Record:
-    """Build a record from a script's reply (see claim.lua for its shape)."""
-    _, now, pttl, fingerprint, status, fence, claims, lease, result, error, first, updated = reply
+def _record(key: str, now: int, answer: Sequence[Any]) -> Record:
+    """Build a record from a record_json answer (see record.lua for its shape)."""
+    _, pttl, fingerprint, status, fence, claims, lease, result, error, first, updated = answer
     return Record(
         key=key,
-        fingerprint=fingerprint.decode(),
-        status=Status(status.decode()),
-        fence=int(fence),
-        claims=int(claims),
-        lease_expires_at=from_epoch_ms(None if lease is None else int(lease)),
-        result=load_result(result),
-        error=_text(error),
-        first_seen=from_epoch_ms(None if first is None else int(first)),
-        updated_at=from_epoch_ms(None if updated is None else int(updated)),
+        fingerprint=fingerprint,
+        status=_STATUS[status],
+        fence=fence,
+        claims=claims,
+        lease_expires_at=from_epoch_ms(lease),
+        result=result,
+        error=error,
+        first_seen=from_epoch_ms(first),
+        updated_at=from_epoch_ms(updated),
         # PTTL is -1 when someone removed the expiry by hand: nothing will forget it.
         expires_at=from_epoch_ms(now + pttl) if pttl >= 0 else None,
     )
@@ -105,18 +128,24 @@ class RedisStore(Store):
     def __init__(self, config: StoreConfig, client: Redis) -> None:
         super().__init__(config)
         self._client = client
+        self._pool = client.connection_pool
+        # config.namespaced(key), as bytes, built without a format per key.
+        self._prefix = config.namespaced("").encode()
         self._retention_ms = _ms(config.retention)
         self._lock_ms = _ms(config.lock_ttl)
         # A live lease must never outlast its record, or a fresh claim could
         # reuse the fence its still-running owner holds.
         self._live_ms = max(self._retention_ms, self._lock_ms)
-        self._claim = client.register_script(CLAIM_LUA)
-        self._complete = client.register_script(COMPLETE_LUA)
-        self._release = client.register_script(RELEASE_LUA)
-        self._fail = client.register_script(FAIL_LUA)
-        self._heartbeat = client.register_script(HEARTBEAT_LUA)
-        self._get = client.register_script(GET_LUA)
-        self._reset = client.register_script(RESET_LUA)
+        # Script arguments that never change, encoded once.
+        lock, live = b"%d" % self._lock_ms, b"%d" % self._live_ms
+        self._retention = b"%d" % self._retention_ms
+        self._heartbeat_args = (lock, live)
+        self._claim_args = (
+            lock, self._retention, live, b"%d" % config.max_claims, POISON_ERROR.encode()
+        )  # fmt: skip
+
+    def _key(self, key: str) -> bytes:
+        return self._prefix + key.encode()
 
     async def _call(self, operation: Callable[[], Awaitable[T]]) -> T:
         try:
@@ -125,43 +154,84 @@ class RedisStore(Store):
             detail = redact(f"{type(exc).__name__}: {exc}")
             raise StoreUnavailable(self.backend, detail) from exc
 
-    async def _run(self, script: AsyncScript, key: str, *args: str | int | bytes) -> Any:
-        namespaced = self.config.namespaced(key)
-        return await self._call(lambda: script(keys=[namespaced], args=args))
+    async def _eval(self, script: Script, keys: Sequence[bytes], args: Sequence[bytes]) -> Any:
+        command = pack_script(script, keys, args)
+        return await self._call(lambda: evalsha(self._pool, script, command))
 
     async def claim(self, key: str, fingerprint: str) -> Claim:
-        reply = await self._run(
-            self._claim,
-            key,
-            fingerprint,
-            self._lock_ms,
-            self._retention_ms,
-            self._live_ms,
-            self.config.max_claims,
-            POISON_ERROR,
+        return (await self.claim_many([ClaimRequest(key, fingerprint)]))[0]
+
+    async def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+        if not requests:
+            return []
+        reply = await self._eval(
+            CLAIM,
+            [self._key(r.key) for r in requests],
+            [*self._claim_args, *(r.fingerprint.encode() for r in requests)],
         )
-        return Claim(Outcome(reply[0].decode()), _record(key, reply))
+        now, *answers = orjson.loads(reply)
+        claims = []
+        fresh: Callable[[ClaimRequest], Claim] | None = None
+        for request, answer in zip(requests, answers, strict=True):
+            if answer == 0:
+                fresh = fresh or self._fresh(now)
+                claims.append(fresh(request))
+            else:
+                claims.append(Claim(_OUTCOME[answer[0]], _record(request.key, now, answer)))
+        return claims
+
+    def _fresh(self, now: int) -> Callable[[ClaimRequest], Claim]:
+        """First claims of absent keys at ``now``, as claim.lua wrote them."""
+        at = from_epoch_ms(now)
+        lease = from_epoch_ms(now + self._lock_ms)
+        expires = from_epoch_ms(now + self._live_ms)
+
+        def claim(request: ClaimRequest) -> Claim:
+            record = Record(
+                request.key, request.fingerprint, Status.IN_PROGRESS, 1, 1, lease, None, None,
+                at, at, expires,
+            )  # fmt: skip
+            return Claim(Outcome.CLAIMED, record)
+
+        return claim
 
     async def complete(self, key: str, fence: int, result: JSON) -> bool:
-        # No size limit: a Redis string holds 512 MB, beyond any sane result.
-        data = dump_result(result)
-        return bool(await self._run(self._complete, key, fence, self._retention_ms, data))
+        # No size limit (result_limit None): a Redis string holds 512 MB.
+        return await self.complete_encoded(Completion(key, fence, self.encode_result(result)))
+
+    async def complete_encoded(self, completion: Completion) -> bool:
+        return (await self.complete_many([completion]))[0]
+
+    async def complete_many(self, completions: Sequence[Completion]) -> list[bool]:
+        if not completions:
+            return []
+        args = [self._retention]
+        for c in completions:
+            args += (b"%d" % c.fence, c.data)
+        reply = await self._eval(COMPLETE, [self._key(c.key) for c in completions], args)
+        return [flag == _WRITTEN for flag in reply]
+
+    async def _fenced(self, script: Script, key: str, *args: bytes) -> bool:
+        return bool(await self._eval(script, [self._key(key)], args))
 
     async def release(self, key: str, fence: int) -> bool:
-        return bool(await self._run(self._release, key, fence, self._retention_ms))
+        return await self._fenced(RELEASE, key, b"%d" % fence, self._retention)
 
     async def fail(self, key: str, fence: int, error: str) -> bool:
-        return bool(await self._run(self._fail, key, fence, self._retention_ms, error))
+        return await self._fenced(FAIL, key, b"%d" % fence, self._retention, error.encode())
 
     async def heartbeat(self, key: str, fence: int) -> bool:
-        return bool(await self._run(self._heartbeat, key, fence, self._lock_ms, self._live_ms))
+        return await self._fenced(HEARTBEAT, key, b"%d" % fence, *self._heartbeat_args)
 
     async def get(self, key: str) -> Record | None:
-        reply = await self._run(self._get, key)
-        return None if reply is None else _record(key, reply)
+        reply = await self._eval(GET, [self._key(key)], ())
+        if reply is None:
+            return None
+        now, answer = orjson.loads(reply)
+        return _record(key, now, answer)
 
     async def reset(self, key: str) -> bool:
-        return bool(await self._run(self._reset, key, self._retention_ms))
+        return await self._fenced(RESET, key, self._retention)
 
     async def migrate(self) -> list[str]:
         """Nothing to create; check the server answers and warn if it keeps nothing."""
@@ -204,6 +274,8 @@ async def open_store(settings: Settings) -> Store:
         socket_timeout=COMMAND_TIMEOUT,
         # Never resend: a script that ran but whose reply was lost would run
         # twice, and a repeated complete would report a fence it lost to itself.
+        # Scripts bypass the client's retry loop (stores.redis_eval); ping and
+        # CONFIG GET still go through it.
         retry=Retry(NoBackoff(), 0),
     )
     return RedisStore(store_config(settings), Redis.from_pool(pool))

@@ -6,14 +6,14 @@ import asyncio
 import shutil
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from stores.base import Outcome, Store
+from stores.base import ClaimRequest, Completion, Outcome, Status, Store
 from stores.errors import StoreUnavailable
 from stores.redis import COMMAND_TIMEOUT, NO_PERSISTENCE
 from tests.conftest import SettingsFactory, StoreFactory, open_store
@@ -38,8 +38,10 @@ async def server(redis_server: str) -> AsyncIterator[Redis]:
     await client.aclose()
 
 
-async def _commands_sent(server: Redis, store: Store, prefix: str) -> list[str]:
-    """Every command the store's connection sent between two PINGs, per MONITOR.
+async def _commands_sent(
+    server: Redis, store: Store, prefix: str, work: Callable[[Store], Awaitable[None]]
+) -> list[str]:
+    """Every command the store's connection sent for ``work``, between two PINGs, per MONITOR.
 
     Commands run inside a script are reported as coming from ``lua`` and are
     not round trips, so only the client's own lines count. Other clients of
@@ -49,7 +51,7 @@ async def _commands_sent(server: Redis, store: Store, prefix: str) -> list[str]:
     port = None
     async with server.monitor() as monitor:
         await store.ping()
-        await _claims(store)
+        await work(store)
         await store.ping()
         while port is None or lines[-1] != (port, "PING"):
             line = await monitor.next_command()
@@ -84,9 +86,25 @@ async def test_each_operation_is_one_evalsha(make_store: StoreFactory, server: R
     store = await make_store(prefetch=1, max_claims=2)
     # A script unknown to the server costs NOSCRIPT and SCRIPT LOAD once, on first use.
     await _claims(store, "warm-rt", "warm-done")
-    sent = await _commands_sent(server, store, store.config.key_prefix)
+    sent = await _commands_sent(server, store, store.config.key_prefix, _claims)
     # 8 claims, 2 releases, 1 complete: one EVALSHA each, nothing else.
     assert len(sent) == 11, sent
+    assert all(command.startswith("EVALSHA ") for command in sent), sent
+
+
+async def _batches(store: Store) -> None:
+    """One claim_many and one complete_many of 50 keys each."""
+    claims = await store.claim_many([ClaimRequest(f"b{i}", FP) for i in range(50)])
+    assert {c.outcome for c in claims} == {Outcome.CLAIMED}
+    done = [Completion(c.record.key, c.fence, store.encode_result(i)) for i, c in enumerate(claims)]
+    assert await store.complete_many(done) == [True] * 50
+
+
+async def test_each_batch_is_one_evalsha(make_store: StoreFactory, server: Redis) -> None:
+    store = await make_store(prefetch=1, max_claims=2)
+    await _claims(store, "warm-rt", "warm-done")
+    sent = await _commands_sent(server, store, store.config.key_prefix, _batches)
+    assert len(sent) == 2, sent
     assert all(command.startswith("EVALSHA ") for command in sent), sent
 
 
@@ -143,6 +161,57 @@ async def test_claim_survives_a_script_cache_flush(make_store: StoreFactory, ser
     assert (await store.claim("after", FP)).outcome is Outcome.CLAIMED
 
 
+async def test_batches_survive_a_script_cache_flush(
+    make_store: StoreFactory, server: Redis
+) -> None:
+    store = await make_store()
+    await store.claim_many([ClaimRequest("before", FP)])
+    await server.script_flush()
+    claims = await store.claim_many([ClaimRequest(f"after-{i}", FP) for i in range(5)])
+    assert [c.outcome for c in claims] == [Outcome.CLAIMED] * 5
+    assert [c.fence for c in claims] == [1] * 5  # claimed once: the reload ran nothing twice
+    await server.script_flush()
+    done = [Completion(c.record.key, c.fence, store.encode_result("ok")) for c in claims]
+    assert await store.complete_many(done) == [True] * 5
+
+
+async def test_free_text_and_results_survive_the_reply(
+    make_store: StoreFactory, server: Redis
+) -> None:
+    # Replies are JSON built inside the scripts: quoting must hold for any text.
+    store = await make_store()
+    odd = 'quote " backslash \\ slash / tab \t newline \n nul \x00 ünï €'
+    claim = await store.claim("failed", FP)
+    assert await store.fail("failed", claim.fence, odd)
+    claim = await store.claim("done", odd)
+    result = {"text": odd, "nested": [1, 2.5, None, True, {"k": "v"}], "big": 2**62}
+    assert await store.complete("done", claim.fence, result)
+    failed, done, mismatch = await store.claim_many(
+        [ClaimRequest("failed", FP), ClaimRequest("done", odd), ClaimRequest("done", FP)]
+    )
+    assert (failed.outcome, failed.record.error) == (Outcome.FAILED, odd)
+    assert (done.outcome, done.record.result) == (Outcome.DUPLICATE, result)
+    assert (mismatch.outcome, mismatch.record.fingerprint) == (Outcome.MISMATCH, odd)
+    # With its expiry removed by hand, a record says nothing will forget it.
+    await server.persist(store.config.namespaced("done"))
+    record = await store.get("done")
+    assert record is not None
+    assert (record.status, record.expires_at) == (Status.COMPLETED, None)
+
+
+async def test_a_url_asking_for_decoded_replies_changes_nothing(
+    make_settings: SettingsFactory, redis_server: str
+) -> None:
+    store = await open_store(make_settings(redis_url=f"{redis_server}?decode_responses=True"))
+    try:
+        claims = await store.claim_many([ClaimRequest("a", FP), ClaimRequest("b", FP)])
+        done = [Completion(c.record.key, c.fence, store.encode_result(1)) for c in claims]
+        assert await store.complete_many(done) == [True, True]
+        assert (await store.claim("a", FP)).record.result == 1
+    finally:
+        await store.close()
+
+
 async def test_migrate_warns_only_without_persistence(
     make_store: StoreFactory, server: Redis
 ) -> None:
@@ -195,10 +264,17 @@ async def test_stopped_server_is_unavailable_then_recovers(
         await server.wait()
         with pytest.raises(StoreUnavailable):
             await store.claim("k", FP)
+        # A batch fails as a whole, like a single call.
+        with pytest.raises(StoreUnavailable):
+            await store.claim_many([ClaimRequest("k", FP), ClaimRequest("k2", FP)])
+        with pytest.raises(StoreUnavailable):
+            await store.complete_many([Completion("k", 1, b"1"), Completion("k2", 1, b"2")])
         server = await _start_redis(port, tmp_path)
         # The pooled connection died with the old server; a new one is opened
         # and the new server's empty script cache is filled on the way.
         assert (await store.claim("k", FP)).outcome is Outcome.CLAIMED
+        claims = await store.claim_many([ClaimRequest("k", FP), ClaimRequest("k2", FP)])
+        assert [c.outcome for c in claims] == [Outcome.IN_PROGRESS, Outcome.CLAIMED]
     finally:
         await store.close()
         server.terminate()
