@@ -46,14 +46,22 @@ async def test_refused_claim_reads_again_only_where_the_server_keeps_the_item(
     sent = sent_operations(store)
     first = await store.claim("k", FP)
     assert first.outcome is Outcome.CLAIMED
-    assert sent == ["UpdateItem"]
+    assert sent == ["PutItem"]  # a new key: its first item, written on "none exists"
 
     sent.clear()
     held = await store.claim("k", FP)
     assert held.outcome is Outcome.IN_PROGRESS
     assert held.fence == first.fence
     # moto returns the item a failed condition met; dynalite does not, so one consistent read.
-    assert sent == (["UpdateItem"] if backend == "dynamodb-moto" else ["UpdateItem", "GetItem"])
+    assert sent == (["PutItem"] if backend == "dynamodb-moto" else ["PutItem", "GetItem"])
+
+    # A lapsed lease is taken over by one UpdateItem more, after the refused PutItem.
+    assert await store.release("k", first.fence)
+    sent.clear()
+    again = await store.claim("k", FP)
+    assert (again.outcome, again.fence, again.record.claims) == (Outcome.CLAIMED, 2, 2)
+    read = [] if backend == "dynamodb-moto" else ["GetItem"]
+    assert sent == ["PutItem", *read, "UpdateItem"]
 
 
 @both_servers
