@@ -16,7 +16,7 @@ from bench.backends import Backends
 from bench.broker import Batch, BenchError, Broker
 from bench.children import Child, Group, start_baseline, start_semel
 from bench.probes import percentiles, read_probes, settled_durations
-from settings import Settings
+from settings import LogLevel, Settings
 
 BASELINE = "baseline"
 LATENCY_TAG = "lat"
@@ -131,6 +131,8 @@ class Cases:
     async def long_run(self, kind: str, messages: int, rate: float, seconds: float) -> LongRun:
         """RSS after one batch and after a second; then latency at ``rate`` msg/s."""
         async with self._topology(kind, "long") as settings:
+            # Delivery-to-ACK comes from semel's own settled lines, logged at debug.
+            settings = settings.model_copy(update={"log_level": LogLevel.DEBUG})
             probes = self._logs / f"{settings.queue}.probes"
             probes.unlink(missing_ok=True)
             child = self._start(kind, settings.queue, settings, probes)
