@@ -26,7 +26,7 @@ Request = TypeVar("Request", ClaimRequest, Completion)
 Answer = TypeVar("Answer")
 
 MAX_BATCH = 256  # one prefetch window: a batch never waits for more than is in flight
-BATCHES_IN_FLIGHT = 2  # one on the wire while the next is encoded / decoded
+BATCHES_IN_FLIGHT = 1  # while one is out the next fills: fewer, larger trips
 
 
 class Batcher(Generic[Request, Answer]):
