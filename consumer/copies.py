@@ -8,6 +8,7 @@ broker headers, and it gains semel's own headers.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -42,8 +43,20 @@ class Facts:
     first_seen: str
 
 
+_second: tuple[int, str] = (-1, "")  # the last whole second formatted, reused within it
+
+
 def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
+    """Now as ``datetime.isoformat(timespec="milliseconds")`` in UTC would write it.
+
+    Every delivery needs one (its first-seen time), so the date and time of
+    day are formatted once per second and only the milliseconds per call.
+    """
+    global _second
+    seconds, millis = divmod(time.time_ns() // 1_000_000, 1000)
+    if _second[0] != seconds:
+        _second = (seconds, datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S"))
+    return f"{_second[1]}.{millis:03d}+00:00"
 
 
 def first_seen(headers: Mapping[str, Any]) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
@@ -56,6 +56,7 @@ class Delivery:
 
     message: AbstractIncomingMessage
     facts: Facts
+    headers: dict[str, Any]
     started: float
     fence: int | None = None
 
@@ -85,14 +86,12 @@ class Pipeline:
             return await self._handle(message)
 
     async def _handle(self, message: AbstractIncomingMessage) -> Settle:
-        headers = dict(message.headers)
+        started = time.monotonic()
+        headers = dict(message.headers)  # the one copy; the handler's context gets it too
         route = origin(
             headers, message.exchange or "", message.routing_key or "", self._settings.queue
         )
-        facts = Facts(
-            key=None, attempt=attempt_of(headers), origin=route, first_seen=first_seen(headers)
-        )
-        delivery = Delivery(message, facts, started=time.monotonic())
+        attempt, seen = attempt_of(headers), first_seen(headers)
         try:
             parsed = parse(
                 message.body,
@@ -103,11 +102,11 @@ class Pipeline:
                 limit=self._settings.max_body_bytes,
             )
         except BadMessage as bad:
-            delivery.facts = replace(
-                facts, key=best_effort_key(headers, message.message_id, self._source)
-            )
+            key = best_effort_key(headers, message.message_id, self._source)
+            delivery = Delivery(message, Facts(key, attempt, route, seen), headers, started)
             return await self._settle(delivery, DeadLetter(bad.reason, str(bad)))
-        delivery.facts = replace(facts, key=parsed.key)
+        facts = Facts(parsed.key, attempt, route, seen)
+        delivery = Delivery(message, facts, headers, started)
         claimed_at = time.monotonic()
         try:
             claim = await self._store.claim(parsed.key, parsed.fingerprint)
@@ -125,7 +124,7 @@ class Pipeline:
         context = Context(
             key=parsed.key,
             body=parsed.body,
-            headers=dict(delivery.message.headers),
+            headers=delivery.headers,
             routing_key=delivery.facts.origin.routing_key,
             message_id=delivery.message.message_id,
             attempt=delivery.facts.attempt,

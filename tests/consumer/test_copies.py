@@ -119,3 +119,17 @@ def test_an_unknown_key_is_an_empty_header() -> None:
 def test_first_seen_survives_retries() -> None:
     assert first_seen({H_FIRST_SEEN: FACTS.first_seen}) == FACTS.first_seen
     assert datetime.fromisoformat(first_seen({})) <= datetime.now(UTC)
+
+
+def test_now_iso_is_isoformat_to_the_millisecond() -> None:
+    from datetime import UTC, datetime
+
+    from consumer.copies import now_iso
+
+    for _ in range(3):
+        before = datetime.now(UTC).replace(microsecond=datetime.now(UTC).microsecond // 1000 * 1000)
+        text = now_iso()
+        parsed = datetime.fromisoformat(text)
+        assert text == parsed.isoformat(timespec="milliseconds")
+        assert parsed.tzinfo is not None
+        assert abs((parsed - before).total_seconds()) < 1

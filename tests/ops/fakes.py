@@ -101,7 +101,7 @@ def message(**fields: Any) -> AbstractIncomingMessage:
 
 def delivery(key: str | None = "k", *, attempt: int = 1, fence: int | None = 1) -> Delivery:
     facts = Facts(key=key, attempt=attempt, origin=Origin("orders", "order.paid"), first_seen="")
-    return Delivery(message(), facts, started=0.0, fence=fence)
+    return Delivery(message(), facts, headers={}, started=0.0, fence=fence)
 
 
 class StubConnection:
