@@ -115,7 +115,7 @@ class Worker:
                 watcher.cancel()
             await asyncio.gather(*watchers, return_exceptions=True)
 
-    def _on_message(self, message: AbstractIncomingMessage) -> None:
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
         self._acks.delivered(message)
         gate = self._gate
         if not self._accepting or gate is None or not gate.open:

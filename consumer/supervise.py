@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import cast
 
 import structlog
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage, AbstractQueue
@@ -27,7 +26,7 @@ BROKER_CALL_TIMEOUT = 5.0  # seconds for a broker call that must not block a sto
 
 log = structlog.get_logger("semel.supervise")
 
-Callback = Callable[[AbstractIncomingMessage], None]
+Callback = Callable[[AbstractIncomingMessage], Awaitable[None]]
 
 
 class Intake:
@@ -44,11 +43,7 @@ class Intake:
 
     async def resume(self) -> None:
         if self._tag is None:
-            # A plain function: aio-pika calls it straight from the loop, where
-            # a coroutine function would cost a task per delivery of its own
-            # (the worker starts one per delivery anyway).
-            callback = cast(Callable[[AbstractIncomingMessage], Awaitable[None]], self._callback)
-            self._tag = await self._queue.consume(callback)
+            self._tag = await self._queue.consume(self._callback)
 
     async def pause(self) -> None:
         tag, self._tag = self._tag, None

@@ -245,5 +245,5 @@ async def test_the_bundled_example_handler_runs_from_the_environment_alone(
     assert settled["paid-2"]["reason"] == "permanent-error"
     for line in settled.values():
         assert {"fence", "attempt", "duration_ms", "level", "timestamp"} <= line.keys()
-        assert line["level"] == "info"
+    assert (settled["paid-1"]["level"], settled["paid-2"]["level"]) == ("debug", "info")
     assert "A-1" not in worker.output()
