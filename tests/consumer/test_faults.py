@@ -144,9 +144,11 @@ async def test_lost_lease_cancels_or_fences_out_the_old_run(
     faulty.muted_heartbeats |= {("cancelled", 1), ("fenced", 1)}
     consumer = await start_consumer(settings, faulty)
     try:
-        for key in ("cancelled", "fenced"):
-            await broker.publish(settings, {"sleep": 2.0}, key=key)
-            await broker.publish(settings, {"sleep": 2.0}, key=key)  # takes the key over
+        # "cancelled" runs long enough that its next heartbeat after the
+        # takeover always lands before it would finish, even on a loaded machine.
+        for key, sleep in (("cancelled", 4.0), ("fenced", 2.0)):
+            await broker.publish(settings, {"sleep": sleep}, key=key)
+            await broker.publish(settings, {"sleep": sleep}, key=key)  # takes the key over
 
         async def taken_over() -> bool:
             record = await store.get("cancelled")
