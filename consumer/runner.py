@@ -15,7 +15,6 @@ import contextlib
 import structlog
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
-from consumer.acks import Acks
 from consumer.decide import Requeue
 from consumer.handler import Handler
 from consumer.names import Topology
@@ -53,7 +52,6 @@ class Worker:
         self._accepting = False
         self._pipeline: Pipeline | None = None
         self._gate: StoreGate | None = None
-        self._acks = Acks()
 
     async def run(self, stop: asyncio.Event) -> int:
         """Consume until ``stop`` is set (exit 0) or the broker stays away (exit 1)."""
@@ -61,7 +59,7 @@ class Worker:
         consuming = await self._connection.channel(publisher_confirms=False)
         await consuming.set_qos(prefetch_count=self._settings.prefetch)
         publishing = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
-        settler = await Settler.open(publishing, names, self._acks)
+        settler = await Settler.open(publishing, names)
         self._pipeline = Pipeline(
             store=self._store,
             handler=self._handler,
@@ -116,21 +114,17 @@ class Worker:
             await asyncio.gather(*watchers, return_exceptions=True)
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
-        self._acks.delivered(message)
         gate = self._gate
         if not self._accepting or gate is None or not gate.open:
             # Detached or paused, but the broker had already sent it: hand it back.
-            task = asyncio.create_task(self._hand_back(message))
-        else:
-            # A task of our own, not aiormq's: aiormq cancels its delivery tasks
-            # when the channel drops, which would cut handlers short on every reconnect.
-            task = asyncio.create_task(self._process(message))
+            with contextlib.suppress(Exception):
+                await message.nack(requeue=True)
+            return
+        # A task of our own, not aiormq's: aiormq cancels its delivery tasks
+        # when the channel drops, which would cut handlers short on every reconnect.
+        task = asyncio.create_task(self._process(message))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def _hand_back(self, message: AbstractIncomingMessage) -> None:
-        with contextlib.suppress(Exception):
-            await self._acks.nack(message, requeue=True)
 
     async def _process(self, message: AbstractIncomingMessage) -> None:
         assert self._pipeline is not None
@@ -144,7 +138,7 @@ class Worker:
             # lost) and let it come back after the conflict delay.
             log.exception("delivery failed unexpectedly", delivery_tag=message.delivery_tag)
             with contextlib.suppress(Exception):
-                await self._acks.nack(message, requeue=False)
+                await message.nack(requeue=False)
             return
         if isinstance(decision, Requeue) and decision.store_down:
             self._gate.report_down()

@@ -18,7 +18,6 @@ from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMess
 from aiormq.exceptions import AMQPError
 from pamqp.commands import Basic
 
-from consumer.acks import Acks
 from consumer.copies import Facts, dead_letter_copy, retry_copy
 from consumer.decide import Ack, DeadLetter, NackToConflict, Requeue, Retry, Settle
 from consumer.names import Topology
@@ -42,20 +41,17 @@ class Settler:
         retry_exchange: AbstractExchange,
         dead_letter_exchange: AbstractExchange,
         names: Topology,
-        acks: Acks,
     ) -> None:
         self._retry_exchange = retry_exchange
         self._dead_letter_exchange = dead_letter_exchange
         self._names = names
-        self._acks = acks
 
     @classmethod
-    async def open(cls, publisher: AbstractChannel, names: Topology, acks: Acks) -> Settler:
-        """``publisher`` must have publisher confirms on (aio-pika's default); ``acks``
-        tracks the deliveries of the consuming channel."""
+    async def open(cls, publisher: AbstractChannel, names: Topology) -> Settler:
+        """``publisher`` must have publisher confirms on (aio-pika's default)."""
         retry = await publisher.get_exchange(names.retry_exchange, ensure=False)
         dead = await publisher.get_exchange(names.dead_letter_exchange, ensure=False)
-        return cls(retry, dead, names, acks)
+        return cls(retry, dead, names)
 
     async def apply(
         self,
@@ -72,12 +68,12 @@ class Settler:
         """
         match decision:
             case Ack():
-                return await self._ack(message, decision.outcome)
+                return await _ack(message, decision.outcome)
             case NackToConflict():
                 # The work queue's dead-letter exchange routes this to Q.retry.conflict.
-                return await self._nack(message, requeue=False, outcome=decision.outcome)
+                return await _nack(message, requeue=False, outcome=decision.outcome)
             case Requeue():
-                return await self._nack(message, requeue=True, outcome=decision.outcome)
+                return await _nack(message, requeue=True, outcome=decision.outcome)
             case Retry():
                 copy = retry_copy(message, facts, decision)
                 exchange, routing_key = (
@@ -91,27 +87,10 @@ class Settler:
             # Held a moment before it goes back: an unroutable or refused copy
             # would otherwise loop between this worker and the broker.
             await asyncio.sleep(UNCONFIRMED_PAUSE)
-            return await self._nack(message, requeue=True, outcome=COPY_UNCONFIRMED)
+            return await _nack(message, requeue=True, outcome=COPY_UNCONFIRMED)
         if after_copy is not None:
             await after_copy()
-        return await self._ack(message, decision.outcome)
-
-    async def _ack(self, message: AbstractIncomingMessage, outcome: str) -> str:
-        try:
-            await self._acks.ack(message)
-        except _BROKER_TROUBLE as exc:
-            # The channel is gone: the broker redelivers, and the store recognises it.
-            log.warning("ack not sent, left for redelivery", error=repr(exc))
-            return f"{outcome}-ack-lost"
-        return outcome
-
-    async def _nack(self, message: AbstractIncomingMessage, *, requeue: bool, outcome: str) -> str:
-        try:
-            await self._acks.nack(message, requeue=requeue)
-        except _BROKER_TROUBLE as exc:
-            log.warning("nack not sent, left for redelivery", error=repr(exc))
-            return f"{outcome}-nack-lost"
-        return outcome
+        return await _ack(message, decision.outcome)
 
 
 async def _publish_confirmed(
@@ -135,3 +114,22 @@ async def _publish_confirmed(
         log.warning("copy returned unroutable", exchange=exchange.name, routing_key=routing_key)
         return False
     return True
+
+
+async def _ack(message: AbstractIncomingMessage, outcome: str) -> str:
+    try:
+        await message.ack()
+    except _BROKER_TROUBLE as exc:
+        # The channel is gone: the broker redelivers, and the store recognises it.
+        log.warning("ack not sent, left for redelivery", error=repr(exc))
+        return f"{outcome}-ack-lost"
+    return outcome
+
+
+async def _nack(message: AbstractIncomingMessage, *, requeue: bool, outcome: str) -> str:
+    try:
+        await message.nack(requeue=requeue)
+    except _BROKER_TROUBLE as exc:
+        log.warning("nack not sent, left for redelivery", error=repr(exc))
+        return f"{outcome}-nack-lost"
+    return outcome
