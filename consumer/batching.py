@@ -124,7 +124,6 @@ class BatchingStore(Store):
         super().__init__(inner.config)
         self.inner = inner
         self.backend = inner.backend
-        self.result_limit = inner.result_limit
         # A store that batches only one of the two keeps single calls for the other.
         self._claims: Batcher[ClaimRequest, Claim] | None = (
             Batcher(inner.claim_many) if _claims_in_batches(inner) else None
@@ -138,12 +137,14 @@ class BatchingStore(Store):
             return await self.inner.claim(key, fingerprint)
         return await self._claims.submit(ClaimRequest(key, fingerprint))
 
+    def encode_result(self, result: JSON) -> bytes:
+        return self.inner.encode_result(result)  # the backend may refuse more than size
+
     async def complete(self, key: str, fence: int, result: JSON) -> bool:
         if self._completions is None:
             return await self.inner.complete(key, fence, result)
-        # Encoded here, so a result the store refuses fails its own caller only.
-        data = self.inner.encode_result(result)
-        return await self._completions.submit(Completion(key, fence, data))
+        # Encoded before it joins a batch, so a refused result fails its own caller only.
+        return await super().complete(key, fence, result)
 
     async def complete_encoded(self, completion: Completion) -> bool:
         if self._completions is None:

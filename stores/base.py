@@ -29,6 +29,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+import orjson
+
+from stores.errors import ResultTooLarge
+
 JSON = Any
 """A JSON-serialisable value (dict, list, str, int, float, bool or None)."""
 
@@ -128,10 +132,14 @@ class Store(abc.ABC):
         self.config = config
 
     def encode_result(self, result: JSON) -> bytes:
-        """``result`` as this store writes it; raises what :meth:`complete` documents."""
-        from stores.codec import dump_result  # codec builds on this module's types
+        """``result`` as this store writes it; raises what :meth:`complete` documents.
 
-        return dump_result(result, self.result_limit)
+        Refused whole rather than truncated when it exceeds :attr:`result_limit`.
+        """
+        data = orjson.dumps(result)
+        if self.result_limit is not None and len(data) > self.result_limit:
+            raise ResultTooLarge(len(data), self.result_limit)
+        return data
 
     async def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
         """Claim several distinct keys; the answers of one :meth:`claim` each, in order.
@@ -144,25 +152,32 @@ class Store(abc.ABC):
         return [await self.claim(r.key, r.fingerprint) for r in requests]
 
     async def complete_many(self, completions: Sequence[Completion]) -> list[bool]:
-        """Complete several distinct keys, each fenced on its own; answers in order."""
+        """Complete several distinct keys, each fenced on its own; answers in order.
+
+        A backend overrides this or :meth:`complete_encoded` (or both); each
+        default is written in terms of the other.
+        """
+        if type(self).complete_encoded is Store.complete_encoded:
+            raise NotImplementedError(f"{self.backend} store completes only through complete()")
         return [await self.complete_encoded(c) for c in completions]
 
     async def complete_encoded(self, completion: Completion) -> bool:
-        """:meth:`complete` with a result already encoded by :meth:`encode_result`."""
-        raise NotImplementedError(f"{self.backend} store completes only through complete()")
+        """:meth:`complete` with a result already encoded by :meth:`encode_result`;
+        by default a batch of one."""
+        return (await self.complete_many([completion]))[0]
 
     @abc.abstractmethod
     async def claim(self, key: str, fingerprint: str) -> Claim:
         """Try to take ``key`` for this worker in one atomic step."""
 
-    @abc.abstractmethod
     async def complete(self, key: str, fence: int, result: JSON) -> bool:
         """Mark the key completed with ``result``; ``False`` if ``fence`` lost the key.
 
         Raises :class:`stores.errors.ResultTooLarge` when the backend cannot
         hold ``result``, and ``orjson.JSONEncodeError`` when it is not JSON
-        (``stores.codec.dump_result``); the key is then left as it was.
+        (:meth:`encode_result`); the key is then left as it was.
         """
+        return await self.complete_encoded(Completion(key, fence, self.encode_result(result)))
 
     @abc.abstractmethod
     async def release(self, key: str, fence: int) -> bool:

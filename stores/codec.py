@@ -8,15 +8,6 @@ import orjson
 
 from settings import Settings
 from stores.base import JSON, StoreConfig
-from stores.errors import ResultTooLarge
-
-
-def dump_result(result: JSON, limit: int | None = None) -> bytes:
-    """Encode a handler's result; refuse it whole rather than truncate it."""
-    data = orjson.dumps(result)
-    if limit is not None and len(data) > limit:
-        raise ResultTooLarge(len(data), limit)
-    return data
 
 
 def load_result(data: bytes | str | None) -> JSON:

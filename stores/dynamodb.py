@@ -28,7 +28,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from settings import Settings
 from stores import dynamodb_items as items
 from stores import dynamodb_table
-from stores.base import JSON, Claim, Completion, Outcome, Record, Status, Store, StoreConfig
+from stores.base import Claim, Completion, Outcome, Record, Status, Store, StoreConfig
 from stores.codec import store_config
 from stores.dynamodb_items import Instant, Item, Step, Update
 from stores.errors import StoreUnavailable
@@ -204,9 +204,6 @@ class DynamoDBStore(Store):
         if held is None:
             held = await self._read(key)
         return held is not None and ours(held)
-
-    async def complete(self, key: str, fence: int, result: JSON) -> bool:
-        return await self.complete_encoded(Completion(key, fence, self.encode_result(result)))
 
     async def complete_encoded(self, completion: Completion) -> bool:
         # The result is stored as a string attribute: orjson's output is UTF-8.

@@ -188,9 +188,6 @@ class PostgresStore(Store):
             await cur.execute(statement, params)
             return cur.rowcount == 1
 
-    async def complete(self, key: str, fence: int, result: JSON) -> bool:
-        return await self.complete_encoded(Completion(key, fence, self.encode_result(result)))
-
     async def complete_encoded(self, completion: Completion) -> bool:
         data = completion.data.decode()
         params = self._params(completion.key, fence=completion.fence, result=data)

@@ -34,7 +34,6 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from settings import Settings, redact
 from stores.base import (
-    JSON,
     POISON_ERROR,
     Claim,
     ClaimRequest,
@@ -124,6 +123,7 @@ class RedisStore(Store):
     """
 
     backend = "redis"
+    # result_limit stays None: a Redis string holds 512 MB, beyond any sane result.
 
     def __init__(self, config: StoreConfig, client: Redis) -> None:
         super().__init__(config)
@@ -194,13 +194,6 @@ class RedisStore(Store):
             return Claim(Outcome.CLAIMED, record)
 
         return claim
-
-    async def complete(self, key: str, fence: int, result: JSON) -> bool:
-        # No size limit (result_limit None): a Redis string holds 512 MB.
-        return await self.complete_encoded(Completion(key, fence, self.encode_result(result)))
-
-    async def complete_encoded(self, completion: Completion) -> bool:
-        return (await self.complete_many([completion]))[0]
 
     async def complete_many(self, completions: Sequence[Completion]) -> list[bool]:
         if not completions:

@@ -40,9 +40,7 @@ def pack(*args: bytes) -> bytes:
 
 def pack_script(script: Script, keys: Sequence[bytes], args: Sequence[bytes]) -> bytes:
     """``EVALSHA sha numkeys key... arg...`` in RESP."""
-    head = (b"EVALSHA", script.sha, b"%d" % len(keys))
-    count = b"*%d\r\n" % (len(head) + len(keys) + len(args))
-    return b"".join((count, *map(_bulk, head), *map(_bulk, keys), *map(_bulk, args)))
+    return pack(b"EVALSHA", script.sha, b"%d" % len(keys), *keys, *args)
 
 
 async def evalsha(pool: ConnectionPool, script: Script, command: bytes) -> Any:

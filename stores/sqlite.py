@@ -25,7 +25,6 @@ from typing import Any, TypeVar, cast
 
 from settings import Settings
 from stores.base import (
-    JSON,
     POISON_ERROR,
     Claim,
     ClaimRequest,
@@ -185,12 +184,6 @@ class SqliteStore(Store):
                 params["result"] = completion.data.decode()
                 written.append(conn.execute(statement, params).rowcount == 1)
         return written
-
-    async def complete(self, key: str, fence: int, result: JSON) -> bool:
-        return await self.complete_encoded(Completion(key, fence, self.encode_result(result)))
-
-    async def complete_encoded(self, completion: Completion) -> bool:
-        return (await self.complete_many([completion]))[0]
 
     async def complete_many(self, completions: Sequence[Completion]) -> list[bool]:
         if not completions:

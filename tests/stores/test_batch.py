@@ -15,7 +15,7 @@ import pytest
 from stores.base import ClaimRequest, Completion, Outcome, Status, Store
 from tests.conftest import BACKENDS, SettingsFactory, StoreFactory
 from tests.stores.race import assert_one_winner_per_key
-from tests.stores.test_contract import eventually
+from tests.stores.test_contract import take_over
 
 pytestmark = [pytest.mark.parametrize("backend", BACKENDS), pytest.mark.timeout(60)]
 
@@ -104,15 +104,7 @@ async def test_completions_are_fenced_one_by_one(make_store: StoreFactory) -> No
     store = await make_store(lock_ttl=0.5)
     stale = await store.claim("stale", FP)
     mine = await store.claim("mine", FP)
-    taken: list[int] = []
-
-    async def taken_over() -> bool:
-        claim = await store.claim("stale", FP)
-        if claim.outcome is Outcome.CLAIMED:
-            taken.append(claim.fence)
-        return bool(taken)
-
-    await eventually(taken_over)
+    new_fence = await take_over(store, "stale")
     # "mine"'s lease may have run out too, but nobody took it over: it still lands.
     written = await store.complete_many(
         [done(store, "stale", stale.fence, "late"), done(store, "mine", mine.fence, "ok")]
@@ -120,7 +112,7 @@ async def test_completions_are_fenced_one_by_one(make_store: StoreFactory) -> No
     assert written == [False, True]
     record = await store.get("stale")
     assert record is not None
-    assert (record.status, record.fence, record.result) == (Status.IN_PROGRESS, taken[0], None)
+    assert (record.status, record.fence, record.result) == (Status.IN_PROGRESS, new_fence, None)
     mine_record = await store.get("mine")
     assert mine_record is not None
     assert mine_record.result == "ok"

@@ -28,6 +28,20 @@ async def eventually(check: Callable[[], Awaitable[bool]], deadline: float = 10.
         await asyncio.sleep(0.05)
 
 
+async def take_over(store: Store, key: str) -> int:
+    """Claim ``key`` until its lease has run out and a claim takes it; the new fence."""
+    taken: list[int] = []
+
+    async def taken_over() -> bool:
+        claim = await store.claim(key, FP)
+        if claim.outcome is Outcome.CLAIMED:
+            taken.append(claim.fence)
+        return bool(taken)
+
+    await eventually(taken_over)
+    return taken[0]
+
+
 async def test_first_claim_then_duplicate_returns_stored_result(make_store: StoreFactory) -> None:
     store = await make_store()
     first = await store.claim("k1", FP)
@@ -97,17 +111,7 @@ async def test_mismatch_writes_nothing(make_store: StoreFactory) -> None:
 async def test_lease_expiry_takeover_fences_out_old_owner(make_store: StoreFactory) -> None:
     store = await make_store(lock_ttl=0.5)
     old = await store.claim("k", FP)
-
-    taken: list[int] = []
-
-    async def taken_over() -> bool:
-        claim = await store.claim("k", FP)
-        if claim.outcome is Outcome.CLAIMED:
-            taken.append(claim.fence)
-        return bool(taken)
-
-    await eventually(taken_over)
-    new_fence = taken[0]
+    new_fence = await take_over(store, "k")
     assert new_fence > old.fence
     assert not await store.heartbeat("k", old.fence)
     assert not await store.complete("k", old.fence, {"stale": True})
