@@ -15,9 +15,11 @@ as in-process statements cost microseconds and the fsync milliseconds.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import partial
 from itertools import chain
@@ -39,7 +41,6 @@ from stores.codec import store_config
 from stores.errors import StoreError, StoreUnavailable
 from stores.refusal import refused_outcome
 from stores.sqlite_sql import batch_text, decode, refuse_nul, statements
-from stores.sqlite_thread import StoreThread
 
 BACKEND = "sqlite"
 BUSY_TIMEOUT = 5.0  # seconds a writer waits for another process's lock
@@ -92,7 +93,7 @@ class SqliteStore(Store):
     backend = BACKEND
 
     def __init__(
-        self, config: StoreConfig, conn: sqlite3.Connection, thread: StoreThread, table: str
+        self, config: StoreConfig, conn: sqlite3.Connection, thread: ThreadPoolExecutor, table: str
     ) -> None:
         super().__init__(config)
         self._conn = conn
@@ -233,13 +234,13 @@ class SqliteStore(Store):
         try:
             await self._run(lambda conn: conn.close())
         finally:
-            self._thread.stop()
+            self._thread.shutdown(wait=False)
 
 
-async def on_thread(thread: StoreThread, work: Callable[[A], T], arg: A) -> T:
+async def on_thread(thread: ThreadPoolExecutor, work: Callable[[A], T], arg: A) -> T:
     """Run blocking ``work`` on the store's thread; outages become StoreUnavailable."""
     try:
-        return await thread.submit(work, arg)
+        return await asyncio.get_running_loop().run_in_executor(thread, work, arg)
     except sqlite3.Error as exc:
         code = getattr(exc, "sqlite_errorcode", None)
         if code is None or code & 0xFF not in OUTAGE_CODES:
@@ -270,11 +271,11 @@ async def open_store(settings: Settings) -> Store:
         raise StoreError(
             f"SQLite {sqlite3.sqlite_version} lacks UPSERT ... RETURNING; 3.35 or newer is needed"
         )
-    thread = StoreThread("semel-sqlite")
+    thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semel-sqlite")
     try:
         conn = await on_thread(thread, connect, settings.sqlite_path)
     except BaseException:
-        thread.stop()
+        thread.shutdown(wait=False)
         raise
     store = SqliteStore(store_config(settings), conn, thread, settings.postgres_table)
     # The embedded store has no operator to run `semel migrate`: a fresh

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import sqlite3
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
 import orjson
@@ -12,8 +15,7 @@ import pytest
 import stores.sqlite
 from stores.base import Claim, ClaimRequest, Completion, Outcome, Status
 from stores.errors import StoreUnavailable
-from stores.sqlite import SqliteStore
-from stores.sqlite_thread import StoreThread
+from stores.sqlite import SqliteStore, on_thread
 from tests.conftest import SettingsFactory, StoreFactory, open_store
 
 FP = "f" * 64
@@ -211,19 +213,22 @@ async def test_a_nul_in_a_key_is_refused_not_truncated(make_store: StoreFactory)
 
 
 async def test_a_call_cancelled_before_it_runs_never_runs() -> None:
-    thread = StoreThread("test-store-thread")
+    thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="test-store-thread")
     release = threading.Event()
     ran: list[str] = []
     try:
-        first = thread.submit(lambda _: release.wait(10), None)
-        second = thread.submit(ran.append, "second")
+        first = asyncio.ensure_future(on_thread(thread, lambda _: release.wait(10), None))
+        second = asyncio.ensure_future(on_thread(thread, ran.append, "second"))
+        await asyncio.sleep(0)  # both handed to the thread, the first one running
         second.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await second  # its cancellation has reached the thread's queue now
         release.set()
         assert await first
-        await thread.submit(ran.append, "third")
+        await on_thread(thread, ran.append, "third")
         assert ran == ["third"]
     finally:
         release.set()
-        thread.stop()
+        thread.shutdown(wait=False)
     with pytest.raises(RuntimeError):
-        thread.submit(ran.append, "after stop")
+        await on_thread(thread, ran.append, "after stop")
