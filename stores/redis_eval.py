@@ -27,6 +27,15 @@ class Script:
     def __init__(self, text: str) -> None:
         self.text = text.encode()
         self.sha = hashlib.sha1(self.text, usedforsecurity=False).hexdigest().encode()
+        self._sha_head = _bulk(b"EVALSHA") + _bulk(self.sha)
+        self._eval_head = _bulk(b"EVAL") + _bulk(self.text)
+
+    def as_eval(self, command: bytes) -> bytes:
+        """``command`` (from :func:`pack_script`) as ``EVAL``: the text in place of the SHA."""
+        head = command.index(b"\r\n") + 2  # past the argument count, which stays
+        if not command.startswith(self._sha_head, head):
+            raise ValueError("not an EVALSHA of this script")
+        return command[:head] + self._eval_head + command[head + len(self._sha_head) :]
 
 
 def _bulk(arg: bytes) -> bytes:
@@ -49,8 +58,10 @@ async def evalsha(pool: ConnectionPool, script: Script, command: bytes) -> Any:
     Replies come back as bytes whatever the URL asks the client to decode:
     the store reads its scripts' replies itself. A server that does not know
     the script (restarted, failed over, or its cache flushed) refuses it
-    before running anything, so loading it and sending the same command
-    again cannot run any key twice.
+    before running anything, so sending the same keys and arguments again
+    cannot run any key twice. The second try is an ``EVAL``, which carries
+    the text and caches it: a ``SCRIPT LOAD`` then ``EVALSHA`` could lose
+    the script again to a flush in between.
     """
     conn = await pool.get_connection()  # type: ignore[no-untyped-call]
     try:
@@ -58,9 +69,7 @@ async def evalsha(pool: ConnectionPool, script: Script, command: bytes) -> Any:
         try:
             return await conn.read_response(disable_decoding=True)
         except NoScriptError:
-            await conn.send_packed_command(pack(b"SCRIPT", b"LOAD", script.text))
-            await conn.read_response(disable_decoding=True)
-            await conn.send_packed_command(command)
+            await conn.send_packed_command(script.as_eval(command))
             return await conn.read_response(disable_decoding=True)
     finally:
         await pool.release(conn)

@@ -16,6 +16,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from stores.base import ClaimRequest, Completion, Outcome, Status, Store
 from stores.errors import StoreUnavailable
 from stores.redis import COMMAND_TIMEOUT, NO_PERSISTENCE
+from stores.redis_eval import Script, pack, pack_script
 from tests.conftest import SettingsFactory, StoreFactory, open_store
 from tests.servers import free_port, wait_for_port
 
@@ -84,7 +85,7 @@ async def _claims(store: Store, rt: str = "rt", done: str = "done") -> None:
 async def test_each_operation_is_one_evalsha(make_store: StoreFactory, server: Redis) -> None:
     # One pooled connection, so every command of the store comes from one port.
     store = await make_store(prefetch=1, max_claims=2)
-    # A script unknown to the server costs NOSCRIPT and SCRIPT LOAD once, on first use.
+    # A script unknown to the server costs a NOSCRIPT and one EVAL, on first use.
     await _claims(store, "warm-rt", "warm-done")
     sent = await _commands_sent(server, store, store.config.key_prefix, _claims)
     # 8 claims, 2 releases, 1 complete: one EVALSHA each, nothing else.
@@ -173,6 +174,28 @@ async def test_batches_survive_a_script_cache_flush(
     await server.script_flush()
     done = [Completion(c.record.key, c.fence, store.encode_result("ok")) for c in claims]
     assert await store.complete_many(done) == [True] * 5
+
+
+async def test_claims_survive_a_script_cache_flushed_all_the_time(
+    make_store: StoreFactory, server: Redis
+) -> None:
+    # Another client flushing the cache between our reload and our resend
+    # must not fail the call: the resend carries the script itself.
+    store = await make_store()
+    flushing = True
+
+    async def flush() -> None:
+        while flushing:
+            await server.script_flush()
+
+    flusher = asyncio.create_task(flush())
+    try:
+        claims = [await store.claim(f"k{i}", FP) for i in range(200)]
+    finally:
+        flushing = False
+        await flusher
+    assert [c.outcome for c in claims] == [Outcome.CLAIMED] * 200
+    assert [c.fence for c in claims] == [1] * 200
 
 
 async def test_free_text_and_results_survive_the_reply(
@@ -296,3 +319,11 @@ async def test_silent_server_is_unavailable_within_the_timeout(
         finally:
             await store.close()
     assert time.monotonic() - started < COMMAND_TIMEOUT + 1
+
+
+def test_the_retry_after_noscript_is_the_same_call_as_eval() -> None:
+    script = Script("return #KEYS")
+    command = pack_script(script, [b"k1", b"k2"], [b"a"])
+    assert script.as_eval(command) == pack(b"EVAL", script.text, b"2", b"k1", b"k2", b"a")
+    with pytest.raises(ValueError, match="not an EVALSHA"):
+        Script("return 1").as_eval(command)
