@@ -9,6 +9,7 @@ processes of the test session on free ports.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import socket
@@ -102,28 +103,44 @@ def dynalite_bin() -> Path:
     """Install dynalite from npm into .cache once; return its launcher."""
     prefix = CACHE / "dynalite"
     launcher = prefix / "node_modules" / ".bin" / "dynalite"
-    if not launcher.exists():
-        npm = shutil.which("npm")
-        if npm is None:
-            raise RuntimeError("npm is needed to run dynalite")
-        prefix.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [
-                npm,
-                "install",
-                "--prefix",
-                str(prefix),
-                "--no-save",
-                "--no-package-lock",
-                "--no-audit",
-                "--no-fund",
-                "--loglevel=error",
-                f"dynalite@{DYNALITE_VERSION}",
-            ],
-            check=True,
-            timeout=300,
-        )
+    if launcher.exists():
+        return launcher
+    CACHE.mkdir(parents=True, exist_ok=True)
+    # Test workers start at once on a fresh clone, and two npm installs into
+    # one prefix break each other: one installs while the others wait.
+    with (CACHE / "dynalite.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not launcher.exists():
+            _npm_install(prefix)
     return launcher
+
+
+def _npm_install(prefix: Path) -> None:
+    """Install into a staging prefix and move it in whole: a broken install is never used."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise RuntimeError("npm is needed to run dynalite")
+    staging = prefix.with_name(prefix.name + ".staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    subprocess.run(
+        [
+            npm,
+            "install",
+            "--prefix",
+            str(staging),
+            "--no-save",
+            "--no-package-lock",
+            "--no-audit",
+            "--no-fund",
+            "--loglevel=error",
+            f"dynalite@{DYNALITE_VERSION}",
+        ],
+        check=True,
+        timeout=300,
+    )
+    shutil.rmtree(prefix, ignore_errors=True)
+    staging.rename(prefix)
 
 
 @contextlib.contextmanager
