@@ -7,11 +7,14 @@ Everything here is pure: bytes and headers in, values out, or
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from consumer.names import H_ORIGINAL_EXCHANGE, H_ORIGINAL_ROUTING_KEY, Reason
 
@@ -95,7 +98,14 @@ def _forbid_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+# Ticks once per float the decoder reads, in any thread (``next`` on a count
+# is atomic). A parse across which it ticked only for its own two marks read
+# no float, and its body may take orjson's canonical form: see fingerprint().
+_FLOATS_READ = itertools.count()
+
+
 def _finite_float(text: str) -> float:
+    next(_FLOATS_READ)
     # 1e400 and 1e999 would both become inf and share one fingerprint, hiding
     # a key reused with another body.
     value = float(text)
@@ -132,8 +142,22 @@ def parse_body(body: bytes, content_type: str | None, limit: int) -> dict[str, A
     return parsed
 
 
-def fingerprint(body: Mapping[str, Any]) -> str:
-    """sha256 of the canonical JSON: sorted keys, no whitespace, UTF-8."""
+def fingerprint(body: Mapping[str, Any], *, floats: bool = True) -> str:
+    """sha256 of the canonical JSON: sorted keys, no whitespace, UTF-8.
+
+    The canonical form is the standard library's (the stored fingerprints
+    are). For a body with no float (``floats=False``), orjson writes the same
+    bytes several times faster: the same escapes, the same key order (UTF-8
+    order is code point order), the same integers. Floats differ (``1e-05``
+    against ``0.00001``), so a body holding one takes the standard library's
+    path, and so does one orjson refuses: integers beyond 64 bits, a lone
+    surrogate, nesting deeper than 255 levels.
+    """
+    if not floats:
+        try:
+            return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+        except orjson.JSONEncodeError:
+            pass
     canonical = _CANONICAL.encode(body)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
@@ -157,10 +181,12 @@ def parse(
     limit: int,
 ) -> Parsed:
     """Body first, then the key: a key inside a malformed body cannot be read."""
+    mark = next(_FLOATS_READ)
     data = parse_body(body, content_type, limit)
+    floats = next(_FLOATS_READ) != mark + 1
     key = source.extract(headers, message_id, data)
     try:
-        digest = fingerprint(data)
+        digest = fingerprint(data, floats=floats)
     except UnicodeEncodeError:
         # JSON may escape a lone surrogate ("\ud800"), which no UTF-8 text holds.
         raise BadMessage(Reason.MALFORMED_BODY, "body escapes a lone surrogate") from None

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from consumer.message import (
     BadMessage,
@@ -183,3 +187,44 @@ def test_origin_of_a_conflict_comes_from_the_work_queue_death() -> None:
         ]
     }  # fmt: skip
     assert origin(headers, "", "q", "q") == Origin("events", "order.paid")
+
+
+def _json_without_floats() -> st.SearchStrategy[Any]:
+    # Every character, control characters, U+2028, U+007F and astral planes
+    # included; integers on both sides of orjson's 64-bit limit.
+    text = st.text(st.characters(codec="utf-8"), max_size=12)
+    ints = st.one_of(
+        st.integers(), st.integers(-(2**64), 2**64).map(lambda n: n * 2 - 1), st.just(2**63)
+    )
+    scalars = st.one_of(st.none(), st.booleans(), ints, text)
+    return st.recursive(
+        scalars,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4), st.dictionaries(text, inner, max_size=4)
+        ),
+        max_leaves=20,
+    )
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.dictionaries(st.text(st.characters(codec="utf-8"), max_size=6), _json_without_floats()))
+def test_the_fast_fingerprint_is_the_canonical_one(body: dict[str, Any]) -> None:
+    assert fingerprint(body, floats=False) == fingerprint(body)
+
+
+@pytest.mark.parametrize("number", ["1e-05", "2.5e-07", "1e16", "0.1", "-0.0", "1E4"])
+def test_a_body_with_a_float_keeps_the_standard_form(number: str) -> None:
+    body = f'{{"k":"x","n":{number},"m":[1,{{"f":{number}}}]}}'.encode()
+    parsed = parse(body, None, {}, None, source=KeySource.parse("body:k"), limit=LIMIT)
+    canonical = json.dumps(parsed.body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert parsed.fingerprint == hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def test_fingerprints_orjson_refuses_fall_back() -> None:
+    deep: Any = 1
+    for _ in range(300):
+        deep = [deep]
+    for body in ({"n": 2**64}, {"d": deep}):
+        assert fingerprint(body, floats=False) == fingerprint(body)
+    with pytest.raises(UnicodeEncodeError):
+        fingerprint({"s": "\ud800"}, floats=False)
