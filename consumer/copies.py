@@ -15,9 +15,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import aio_pika
-from aio_pika.abc import AbstractIncomingMessage
 
 from consumer.decide import DeadLetter, Retry
+from consumer.intake import Incoming
 from consumer.message import Origin
 from consumer.names import (
     BROKER_HEADERS,
@@ -74,7 +74,7 @@ def carried_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in headers.items() if name not in BROKER_HEADERS}
 
 
-def copy_message(message: AbstractIncomingMessage, headers: dict[str, Any]) -> aio_pika.Message:
+def copy_message(message: Incoming, headers: dict[str, Any]) -> aio_pika.Message:
     """A persistent copy of ``message`` with ``headers`` and its other properties."""
     # expiration is dropped: a per-message TTL would let a waiting retry or a
     # dead letter vanish. user_id is dropped: the broker refuses a user_id
@@ -104,14 +104,12 @@ def _semel_headers(facts: Facts, attempts: int) -> dict[str, Any]:
     }
 
 
-def retry_copy(message: AbstractIncomingMessage, facts: Facts, decision: Retry) -> aio_pika.Message:
+def retry_copy(message: Incoming, facts: Facts, decision: Retry) -> aio_pika.Message:
     headers = carried_headers(message.headers) | _semel_headers(facts, decision.next_attempt)
     return copy_message(message, headers)
 
 
-def dead_letter_copy(
-    message: AbstractIncomingMessage, facts: Facts, decision: DeadLetter
-) -> aio_pika.Message:
+def dead_letter_copy(message: Incoming, facts: Facts, decision: DeadLetter) -> aio_pika.Message:
     headers = carried_headers(message.headers) | _semel_headers(facts, facts.attempt)
     headers |= {
         H_REASON: decision.reason.value,

@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+from aio_pika.abc import AbstractRobustConnection
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -30,6 +30,7 @@ from prometheus_client import (
 
 from consumer.decide import DeadLetter, Settle
 from consumer.handler import Context, Handler, is_async
+from consumer.intake import Incoming
 from consumer.names import Reason
 from consumer.observe import Observer, Result, is_takeover, result_of
 from stores.base import Claim
@@ -194,7 +195,7 @@ class MetricsObserver(Observer):
         self._metrics = metrics
         self._in_flight = _InFlight(metrics)
 
-    def delivery(self, message: AbstractIncomingMessage) -> AbstractContextManager[object]:
+    def delivery(self, message: Incoming) -> AbstractContextManager[object]:
         return self._in_flight
 
     def claimed(self, claim: Claim, attempt: int) -> None:

@@ -13,9 +13,8 @@ from contextlib import AbstractContextManager
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from aio_pika.abc import AbstractIncomingMessage
-
 from consumer.decide import Ack, DeadLetter, NackToConflict, Requeue, Retry, Settle
+from consumer.intake import Incoming
 from consumer.settle import COPY_UNCONFIRMED
 from stores.base import Claim, Outcome
 
@@ -76,7 +75,7 @@ def is_takeover(claim: Claim, attempt: int) -> bool:
 class Observer:
     """Watches deliveries; every hook is a no-op here."""
 
-    def delivery(self, message: AbstractIncomingMessage) -> AbstractContextManager[object]:
+    def delivery(self, message: Incoming) -> AbstractContextManager[object]:
         """Entered before anything is done with ``message``, left once it is settled."""
         return _NOTHING
 

@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 
 import orjson
 import structlog
-from aio_pika.abc import AbstractIncomingMessage
 
 from consumer.copies import Facts, first_seen
 from consumer.decide import (
@@ -34,6 +33,7 @@ from consumer.decide import (
     describe,
 )
 from consumer.handler import Context, Handler, Lease, LeaseLost, run_leased
+from consumer.intake import Incoming
 from consumer.message import BadMessage, KeySource, Parsed, best_effort_key, origin, parse
 from consumer.names import Reason
 from consumer.observe import Observer
@@ -54,7 +54,7 @@ SHUTDOWN = Requeue("shutdown", outcome="requeued-shutdown", store_down=False)
 class Delivery:
     """One message on its way through the pipeline, and what is known of it so far."""
 
-    message: AbstractIncomingMessage
+    message: Incoming
     facts: Facts
     headers: dict[str, Any]
     started: float
@@ -80,12 +80,12 @@ class Pipeline:
         self._source = KeySource.parse(settings.key_source)
         self._observer = observer or Observer()
 
-    async def handle(self, message: AbstractIncomingMessage) -> Settle:
+    async def handle(self, message: Incoming) -> Settle:
         """Process and settle ``message``; returns the decision applied."""
         with self._observer.delivery(message):
             return await self._handle(message)
 
-    async def _handle(self, message: AbstractIncomingMessage) -> Settle:
+    async def _handle(self, message: Incoming) -> Settle:
         started = time.monotonic()
         headers = dict(message.headers)  # the one copy; the handler's context gets it too
         route = origin(

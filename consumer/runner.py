@@ -13,15 +13,16 @@ import asyncio
 import contextlib
 
 import structlog
-from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+from aio_pika.abc import AbstractRobustConnection
 
 from consumer.decide import Requeue
 from consumer.handler import Handler
+from consumer.intake import Incoming, Intake
 from consumer.names import Topology
 from consumer.observe import Observer
 from consumer.pipeline import Pipeline
 from consumer.settle import Settler
-from consumer.supervise import BROKER_CALL_TIMEOUT, Intake, StoreGate, broker_gone_for
+from consumer.supervise import BROKER_CALL_TIMEOUT, StoreGate, broker_gone_for
 from settings import Settings
 from stores.base import Store
 from stores.errors import StoreUnavailable
@@ -67,8 +68,8 @@ class Worker:
             settler=settler,
             observer=self._observer,
         )
-        queue = await consuming.get_queue(self._settings.queue, ensure=True)
-        intake = Intake(queue, self._on_message)
+        await consuming.get_queue(self._settings.queue, ensure=True)  # it exists, or stop here
+        intake = Intake(consuming, self._settings.queue, self._on_message)
         self._gate = gate = StoreGate(self._store, intake)
         self._accepting = True
         try:
@@ -113,7 +114,7 @@ class Worker:
                 watcher.cancel()
             await asyncio.gather(*watchers, return_exceptions=True)
 
-    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+    async def _on_message(self, message: Incoming) -> None:
         gate = self._gate
         if not self._accepting or gate is None or not gate.open:
             # Detached or paused, but the broker had already sent it: hand it back.
@@ -126,7 +127,7 @@ class Worker:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _process(self, message: AbstractIncomingMessage) -> None:
+    async def _process(self, message: Incoming) -> None:
         assert self._pipeline is not None
         assert self._gate is not None
         try:

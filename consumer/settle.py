@@ -14,12 +14,13 @@ from collections.abc import Awaitable, Callable
 
 import aio_pika
 import structlog
-from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel, AbstractExchange
 from aiormq.exceptions import AMQPError
 from pamqp.commands import Basic
 
 from consumer.copies import Facts, dead_letter_copy, retry_copy
 from consumer.decide import Ack, DeadLetter, NackToConflict, Requeue, Retry, Settle
+from consumer.intake import Incoming
 from consumer.names import Topology
 from consumer.topology import DLQ_ROUTING_KEY
 
@@ -55,7 +56,7 @@ class Settler:
 
     async def apply(
         self,
-        message: AbstractIncomingMessage,
+        message: Incoming,
         decision: Settle,
         facts: Facts,
         *,
@@ -116,7 +117,7 @@ async def _publish_confirmed(
     return True
 
 
-async def _ack(message: AbstractIncomingMessage, outcome: str) -> str:
+async def _ack(message: Incoming, outcome: str) -> str:
     try:
         await message.ack()
     except _BROKER_TROUBLE as exc:
@@ -126,7 +127,7 @@ async def _ack(message: AbstractIncomingMessage, outcome: str) -> str:
     return outcome
 
 
-async def _nack(message: AbstractIncomingMessage, *, requeue: bool, outcome: str) -> str:
+async def _nack(message: Incoming, *, requeue: bool, outcome: str) -> str:
     try:
         await message.nack(requeue=requeue)
     except _BROKER_TROUBLE as exc:

@@ -15,7 +15,6 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from aio_pika.abc import AbstractIncomingMessage
 from opentelemetry import propagate, trace
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -23,6 +22,7 @@ from opentelemetry.util.types import AttributeValue
 
 from consumer.copies import bounded
 from consumer.decide import DeadLetter, Retry, Settle
+from consumer.intake import Incoming
 from consumer.message import origin
 from consumer.observe import Observer, Result, result_of
 from settings import redact
@@ -59,7 +59,7 @@ class SpanObserver(Observer):
         self._queue = queue
 
     @contextlib.contextmanager
-    def delivery(self, message: AbstractIncomingMessage) -> Iterator[None]:
+    def delivery(self, message: Incoming) -> Iterator[None]:
         headers = message.headers or {}
         route = origin(headers, message.exchange or "", message.routing_key or "", self._queue)
         attributes: dict[str, AttributeValue] = {

@@ -3,58 +3,32 @@
 The store: when a delivery finds it unreachable, consumption pauses (the
 queue's consumer is cancelled, so the broker keeps the messages) and the
 store is pinged with a growing pause until it answers; then consumption
-resumes by itself. The broker: aio-pika's robust connection reconnects and
-restores the consumer; this module only decides when it has been away too
-long and the process should exit for its supervisor to restart it.
+resumes by itself. The broker: aio-pika's robust connection reconnects, and
+:class:`consumer.intake.Intake` consumes again; this module only decides when
+it has been away too long and the process should exit for its supervisor to
+restart it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import structlog
-from aio_pika.abc import AbstractConnection, AbstractIncomingMessage, AbstractQueue
+from aio_pika.abc import AbstractConnection
 
 from stores.base import Store
 from stores.errors import StoreUnavailable
+
+if TYPE_CHECKING:
+    from consumer.intake import Intake
 
 PROBE_BACKOFF = (0.2, 5.0)  # first and longest pause between store pings
 BROKER_CHECK_INTERVAL = 1.0
 BROKER_CALL_TIMEOUT = 5.0  # seconds for a broker call that must not block a stop
 
 log = structlog.get_logger("semel.supervise")
-
-Callback = Callable[[AbstractIncomingMessage], Awaitable[None]]
-
-
-class Intake:
-    """The queue's consumer, attached and detached on demand."""
-
-    def __init__(self, queue: AbstractQueue, callback: Callback) -> None:
-        self._queue = queue
-        self._callback = callback
-        self._tag: str | None = None
-
-    @property
-    def consuming(self) -> bool:
-        return self._tag is not None
-
-    async def resume(self) -> None:
-        if self._tag is None:
-            self._tag = await self._queue.consume(self._callback)
-
-    async def pause(self) -> None:
-        tag, self._tag = self._tag, None
-        if tag is not None:
-            # The robust queue forgets the consumer even if the cancel cannot
-            # reach the broker, so a reconnect does not bring it back. Bounded:
-            # a robust channel waits for a reconnect that may never come.
-            try:
-                await asyncio.wait_for(self._queue.cancel(tag), BROKER_CALL_TIMEOUT)
-            except Exception as exc:  # the channel may be gone already
-                log.debug("consumer cancel not sent", error=repr(exc))
 
 
 async def ping_until_up(store: Store) -> None:

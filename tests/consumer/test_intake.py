@@ -1,0 +1,197 @@
+"""The work queue's consumer on the real broker: settles once, and keeps consuming
+through a channel error, a consumer cancelled by the broker, and a pause."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import aio_pika
+import pytest
+from aio_pika.abc import AbstractRobustChannel, AbstractRobustConnection
+from aio_pika.message import IncomingMessage
+from aiormq.abc import AbstractChannel, DeliveredMessage
+from pamqp.commands import Basic
+from pamqp.header import ContentHeader
+
+from consumer.copies import copy_message
+from consumer.intake import AlreadySettled, Inbound, Intake
+from tests.consumer.harness import eventually
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Received:
+    """What the intake handed over, awaitable one at a time."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Inbound] = asyncio.Queue()
+
+    async def __call__(self, message: Inbound) -> None:
+        await self.queue.put(message)
+
+    async def next(self) -> Inbound:
+        return await asyncio.wait_for(self.queue.get(), 15)
+
+
+@pytest.fixture
+async def connection(rabbitmq_server: str) -> AsyncIterator[AbstractRobustConnection]:
+    connection = await aio_pika.connect_robust(rabbitmq_server, reconnect_interval=0.2)
+    yield connection
+    await connection.close()
+
+
+@pytest.fixture
+async def queue(connection: AbstractRobustConnection) -> AsyncIterator[str]:
+    name = f"t.intake.{uuid.uuid4().hex[:10]}"
+    channel = await connection.channel()
+    await channel.declare_queue(name, durable=True, arguments={"x-queue-type": "quorum"})
+    yield name
+    await channel.queue_delete(name)
+    await channel.close()
+
+
+async def publish(connection: AbstractRobustConnection, queue: str, body: bytes) -> None:
+    channel = await connection.channel()
+    await channel.default_exchange.publish(aio_pika.Message(body), routing_key=queue)
+    await channel.close()
+
+
+def holds(condition: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return condition()
+
+    return check
+
+
+async def started(
+    connection: AbstractRobustConnection, queue: str
+) -> tuple[AbstractRobustChannel, Intake, Received]:
+    channel = await connection.channel()
+    received = Received()
+    intake = Intake(channel, queue, received)
+    await intake.resume()
+    return channel, intake, received
+
+
+async def test_a_delivery_settles_once(connection: AbstractRobustConnection, queue: str) -> None:
+    _, intake, received = await started(connection, queue)
+    await publish(connection, queue, b"one")
+    first = await received.next()
+    assert first.body == b"one"
+    await first.ack()
+    with pytest.raises(AlreadySettled):
+        await first.nack(requeue=True)
+    # Nothing was sent for the second settle: the channel, and the consumer, are intact.
+    await publish(connection, queue, b"two")
+    second = await received.next()
+    assert second.body == b"two"
+    await second.ack()
+    await intake.pause()
+
+
+async def test_a_channel_error_reopens_the_channel_and_consumes_again(
+    connection: AbstractRobustConnection, queue: str
+) -> None:
+    channel, intake, received = await started(connection, queue)
+    before = await channel.get_underlay_channel()
+    await before.basic_ack(987654)  # an unknown tag: the broker closes the channel
+    await eventually(holds(lambda: before.is_closed), what="the channel closed by the broker")
+    await publish(connection, queue, b"after")
+    message = await received.next()
+    assert message.body == b"after"
+    await message.ack()
+    assert intake.consuming
+    await intake.pause()
+
+
+async def test_a_consumer_the_broker_cancels_consumes_again(
+    connection: AbstractRobustConnection, queue: str
+) -> None:
+    _, intake, received = await started(connection, queue)
+    admin = await connection.channel()
+    await admin.queue_delete(queue)  # the broker cancels every consumer of it
+    await eventually(holds(lambda: not intake.consuming), what="the consumer cancelled")
+    await admin.declare_queue(queue, durable=True, arguments={"x-queue-type": "quorum"})
+    await eventually(holds(lambda: intake.consuming), 20, "consuming again")
+    await publish(connection, queue, b"back")
+    message = await received.next()
+    assert message.body == b"back"
+    await message.ack()
+    await intake.pause()
+    await admin.close()
+
+
+async def test_pause_detaches_and_resume_attaches(
+    connection: AbstractRobustConnection, queue: str
+) -> None:
+    _, intake, received = await started(connection, queue)
+    await intake.pause()
+
+    async def consumers() -> int:
+        probe = await connection.channel()
+        declared = await probe.declare_queue(queue, passive=True)
+        await probe.close()
+        return int(declared.declaration_result.consumer_count or 0)
+
+    assert await consumers() == 0
+    await publish(connection, queue, b"held")
+    await intake.resume()
+    await eventually(lambda: _one(consumers), what="one consumer again")
+    message = await received.next()
+    assert message.body == b"held"
+    await message.ack()
+    await intake.pause()
+
+
+async def _one(consumers: Callable[[], Awaitable[int]]) -> bool:
+    return await consumers() == 1
+
+
+def _delivered(**properties: Any) -> DeliveredMessage:
+    return DeliveredMessage(
+        delivery=Basic.Deliver(
+            consumer_tag="c", delivery_tag=7, redelivered=True, exchange="ex", routing_key="rk"
+        ),
+        header=ContentHeader(properties=Basic.Properties(**properties)),
+        body=b'{"a":1}',
+        channel=cast(AbstractChannel, None),
+    )
+
+
+@pytest.mark.parametrize(
+    "properties",
+    [
+        {},
+        {
+            "headers": {"Idempotency-Key": "k", "n": 1},
+            "content_type": "application/json",
+            "content_encoding": "utf-8",
+            "priority": 3,
+            "correlation_id": "c-1",
+            "reply_to": "r",
+            "message_id": "m-1",
+            "timestamp": datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
+            "message_type": "order.paid",
+            "app_id": "shop",
+            "user_id": "guest",
+            "expiration": "60000",
+        },
+    ],
+)
+def test_inbound_reads_what_aio_pika_reads(properties: dict[str, Any]) -> None:
+    delivered = _delivered(**properties)
+    ours, theirs = Inbound(delivered), IncomingMessage(delivered)
+    for name in (
+        "body", "headers", "exchange", "routing_key", "delivery_tag", "redelivered",
+        "content_type", "content_encoding", "correlation_id", "reply_to",
+        "message_id", "timestamp", "type", "app_id",
+    ):  # fmt: skip
+        assert getattr(ours, name) == getattr(theirs, name), name
+    # aio-pika reads an absent priority as 0; a copy carries 0 either way.
+    assert ours.priority == properties.get("priority")
+    copied = copy_message(ours, {"h": 1}).properties
+    assert copied == copy_message(theirs, {"h": 1}).properties
