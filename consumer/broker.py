@@ -1,4 +1,4 @@
-"""The broker connection: robust (reconnects and restores consumers by itself).
+"""The broker connection: robust (reconnects and reopens its channels by itself).
 
 A broker that is not up yet at start-up is waited for, like one that drops
 later, up to ``broker_give_up`` seconds; then the process gives up so its
