@@ -82,12 +82,18 @@ class Results:
             pt["ratio"] = semel / pt["powertools_calls_per_s"]
             pt["target"] = POWERTOOLS_TARGET
             pt["met"] = pt["ratio"] >= POWERTOOLS_TARGET
-            # semel's store alone, by requests in flight: claim + complete pairs/s.
-            pt["semel_store_pairs_per_s"] = {
-                name.removeprefix("store_rates_"): statistics.median(rates)
-                for name, rates in pt.items()
-                if name.startswith("store_rates_")
-            }
+            # semel's store alone, by requests in flight: claim + complete pairs/s,
+            # and the CPU per pair of the client (semel) and of the server.
+            for prefix, name in (
+                ("store_rates_", "semel_store_pairs_per_s"),
+                ("store_client_us_", "semel_store_client_us_per_pair"),
+                ("store_server_us_", "server_us_per_pair"),
+            ):
+                pt[name] = {
+                    key.removeprefix(prefix): statistics.median(values)
+                    for key, values in list(pt.items())
+                    if key.startswith(prefix)
+                }
 
     def as_json(self) -> bytes:
         cases = [asdict(c) | {"met": c.met} for c in self.cases]
@@ -142,8 +148,17 @@ def table(results: Results) -> Table:
     if pt is not None:
         grid.add_section()
         grid.add_row("powertools dynamodb (calls/s)", f"{pt['powertools_calls_per_s']:,.0f}")
+        client, server = pt["semel_store_client_us_per_pair"], pt["server_us_per_pair"]
         for in_flight, pairs in pt["semel_store_pairs_per_s"].items():
-            grid.add_row(f"semel store alone, {in_flight} in flight (pairs/s)", f"{pairs:,.0f}")
+            grid.add_row(
+                f"semel store alone, {in_flight} in flight (pairs/s; CPU µs per pair)",
+                f"{pairs:,.0f}", "", "", f"{client[in_flight]:,.0f}",
+            )  # fmt: skip
+            if in_flight in server:
+                grid.add_row(
+                    f"  the server's CPU per pair, {in_flight} in flight", "", "", "",
+                    f"{server[in_flight]:,.0f}",
+                )  # fmt: skip
         grid.add_row(
             "semel dynamodb end to end ÷ powertools",
             f"{pt['semel_messages_per_s']:,.0f}",

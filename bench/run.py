@@ -24,7 +24,7 @@ from bench.broker import BenchError, Broker
 from bench.cases import BASELINE, Cases, Rate
 from bench.children import ROOT
 from bench.report import RATIO_TARGETS, CaseResult, Results
-from bench.store_only import pairs_per_second
+from bench.store_only import store_run
 
 # The local DynamoDB-compatible servers answer tens to hundreds of requests a
 # second (moto one at a time): DynamoDB cases drain fewer messages, and their
@@ -103,9 +103,15 @@ class Runner:
         self.powertools["powertools_rates"].append(rate)
         line = f"[{index + 1}/{self.plan.repeat}] powertools: {rate:,.0f} calls/s"
         for in_flight in (1, PREFETCH):
-            pairs = await pairs_per_second(backends, "dynamodb", calls, in_flight)
-            self.powertools[f"store_rates_{in_flight}"].append(pairs)
-            line += f", semel store {in_flight} in flight: {pairs:,.0f} pairs/s"
+            run = await store_run(backends, "dynamodb", calls, in_flight)
+            self.powertools[f"store_rates_{in_flight}"].append(run.pairs_per_s)
+            self.powertools[f"store_client_us_{in_flight}"].append(run.client_us)
+            line += f", semel store {in_flight} in flight: {run.pairs_per_s:,.0f} pairs/s"
+            line += f" (CPU per pair: client {run.client_us:,.0f} µs"
+            if run.server_us is not None:
+                self.powertools[f"store_server_us_{in_flight}"].append(run.server_us)
+                line += f", server {run.server_us:,.0f} µs"
+            line += ")"
         self.note(line)
 
     async def measure(self) -> Results:
