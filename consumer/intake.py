@@ -193,10 +193,13 @@ class Intake:
         await self._callback(Inbound(message))
 
     def _reopened(self, _channel: Any) -> None:
-        # The old channel is closed, and its consumer with it. Not awaited
-        # here: this runs inside the robust channel's own restore.
-        self._tag = None
-        self._consume_again(pause=False)
+        # The old channel is closed, and its consumer with it, unless an
+        # attach got in on the new channel first. Not awaited here: this runs
+        # inside the robust channel's own restore.
+        if self._on is None or self._on.is_closed:
+            self._tag = None
+        if self._tag is None:
+            self._consume_again(pause=False)
 
     def _cancelled(self, frame: Basic.Cancel) -> None:
         # Runs in the channel's frame reader: must not wait on the channel.

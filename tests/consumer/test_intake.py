@@ -195,3 +195,20 @@ def test_inbound_reads_what_aio_pika_reads(properties: dict[str, Any]) -> None:
     assert ours.priority == properties.get("priority")
     copied = copy_message(ours, {"h": 1}).properties
     assert copied == copy_message(theirs, {"h": 1}).properties
+
+
+async def test_a_reopen_finding_the_consumer_on_the_new_channel_adds_none(
+    connection: AbstractRobustConnection, queue: str
+) -> None:
+    # An attach can land on the reopened channel before the reopen callback
+    # runs; a second consumer there would outlive a pause.
+    channel, intake, received = await started(connection, queue)
+    intake._reopened(channel)  # as the robust channel calls it
+    await asyncio.sleep(0)  # a consume-again task would start here
+    await intake.pause()
+    await publish(connection, queue, b"held")
+    probe = await connection.channel()
+    declared = await probe.declare_queue(queue, passive=True)
+    await probe.close()
+    assert declared.declaration_result.message_count == 1
+    assert received.queue.empty()
