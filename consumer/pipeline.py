@@ -38,7 +38,7 @@ from consumer.message import BadMessage, KeySource, Parsed, best_effort_key, ori
 from consumer.names import Reason
 from consumer.observe import Observer
 from consumer.settle import AfterCopy, Settler
-from settings import Settings, redact
+from settings import LogLevel, Settings, redact
 from stores.base import Store
 from stores.errors import ResultTooLarge, StoreUnavailable
 
@@ -78,6 +78,8 @@ class Pipeline:
         self._settings = settings
         self._settler = settler
         self._source = KeySource.parse(settings.key_source)
+        # An ACKed delivery's line is at debug: below that, its fields are not even built.
+        self._log_acks = settings.log_level is LogLevel.DEBUG
         self._observer = observer or Observer()
 
     async def handle(self, message: Incoming) -> Settle:
@@ -236,6 +238,9 @@ class Pipeline:
             delivery.message, decision, facts, after_copy=after_copy
         )
         self._observer.settled(delivery, decision, outcome)
+        routine = isinstance(decision, Ack)
+        if routine and not self._log_acks:
+            return decision
         fields: dict[str, Any] = {
             "key": facts.key,
             "fence": delivery.fence,
@@ -248,7 +253,7 @@ class Pipeline:
         error = error or getattr(decision, "error", None)
         if error:
             fields["error"] = redact(error)  # exception text, bounded; never the body
-        if isinstance(decision, Ack):
+        if routine:
             log.debug("settled", **fields)
         else:
             log.info("settled", **fields)

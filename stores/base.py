@@ -166,9 +166,15 @@ class Store(abc.ABC):
         by default a batch of one."""
         return (await self.complete_many([completion]))[0]
 
-    @abc.abstractmethod
     async def claim(self, key: str, fingerprint: str) -> Claim:
-        """Try to take ``key`` for this worker in one atomic step."""
+        """Try to take ``key`` for this worker in one atomic step; by default a batch of one.
+
+        A backend overrides this or :meth:`claim_many` (or both); each default
+        is written in terms of the other.
+        """
+        if type(self).claim_many is Store.claim_many:
+            raise NotImplementedError(f"{self.backend} store claims only through claim_many()")
+        return (await self.claim_many([ClaimRequest(key, fingerprint)]))[0]
 
     async def complete(self, key: str, fence: int, result: JSON) -> bool:
         """Mark the key completed with ``result``; ``False`` if ``fence`` lost the key.

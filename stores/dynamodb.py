@@ -196,25 +196,23 @@ class DynamoDBStore(Store):
         written, _ = await self._put(item, rule)
         return items.to_record(key, item) if written else None
 
-    async def _finish(self, key: str, update: Update, ours: Callable[[Item], bool]) -> bool:
-        """A fenced completion or failure; a refused one may have met its own earlier success."""
+    async def _finish(
+        self, key: str, fence: int, update: Update, status: Status, attribute: str, value: str
+    ) -> bool:
+        """A fenced completion or failure; a refused one may have met its own earlier
+        success (this fence, ``status``, and ``value`` in ``attribute``)."""
         written, held = await self._write(key, update)
         if written is not None:
             return True
         if held is None:
             held = await self._read(key)
-        return held is not None and ours(held)
+        return held is not None and items.finished_as(held, fence, status, attribute, value)
 
     async def complete_encoded(self, completion: Completion) -> bool:
         # The result is stored as a string attribute: orjson's output is UTF-8.
-        data = completion.data.decode()
-        update = items.complete_update(completion.fence, data, Instant.now(), self.config)
-        fence = completion.fence
-
-        def ours(held: Item) -> bool:
-            return items.finished_as(held, fence, Status.COMPLETED, "result", data)
-
-        return await self._finish(completion.key, update, ours)
+        data, fence = completion.data.decode(), completion.fence
+        update = items.complete_update(fence, data, Instant.now(), self.config)
+        return await self._finish(completion.key, fence, update, Status.COMPLETED, "result", data)
 
     async def release(self, key: str, fence: int) -> bool:
         update = items.lease_update(fence, ":now_ms", Instant.now(), self.config)
@@ -222,11 +220,7 @@ class DynamoDBStore(Store):
 
     async def fail(self, key: str, fence: int, error: str) -> bool:
         update = items.fail_update(fence, error, Instant.now(), self.config)
-
-        def ours(held: Item) -> bool:
-            return items.finished_as(held, fence, Status.FAILED, "error", error)
-
-        return await self._finish(key, update, ours)
+        return await self._finish(key, fence, update, Status.FAILED, "error", error)
 
     async def heartbeat(self, key: str, fence: int) -> bool:
         update = items.lease_update(fence, ":lease", Instant.now(), self.config)

@@ -27,7 +27,6 @@ from stores.base import (
     Claim,
     ClaimRequest,
     Completion,
-    Outcome,
     Record,
     Status,
     Store,
@@ -36,7 +35,7 @@ from stores.base import (
 from stores.codec import load_result, store_config
 from stores.errors import StoreUnavailable
 from stores.postgres_sql import Statements, schema
-from stores.refusal import refused_outcome
+from stores.refusal import refused_outcome, written_claim
 
 BACKEND = "postgres"
 CONNECT_TIMEOUT = 3  # seconds; libpq's minimum useful value is 2
@@ -77,6 +76,13 @@ class PostgresStore(Store):
         self._pool = pool
         self._table = table
         self._sql = Statements(table)
+        # The lease and retention every statement is given, built once.
+        self._times: dict[str, Any] = {
+            "ttl": config.lock_ttl,
+            "retention": config.retention,
+            # An in-progress row must outlive its lease, whatever the retention.
+            "hold": max(config.retention, config.lock_ttl),
+        }
 
     @contextlib.asynccontextmanager
     async def _cursor(self) -> AsyncIterator[psycopg.AsyncCursor[Row]]:
@@ -86,17 +92,8 @@ class PostgresStore(Store):
         except UNAVAILABLE as exc:
             raise StoreUnavailable(BACKEND, describe(exc)) from exc
 
-    def _times(self) -> dict[str, Any]:
-        config = self.config
-        return {
-            "ttl": config.lock_ttl,
-            "retention": config.retention,
-            # An in-progress row must outlive its lease, whatever the retention.
-            "hold": max(config.retention, config.lock_ttl),
-        }
-
     def _params(self, key: str, **extra: Any) -> dict[str, Any]:
-        return {"key": self.config.namespaced(key), **self._times(), **extra}
+        return {"key": self.config.namespaced(key), **self._times, **extra}
 
     def _record(self, key: str, row: Row) -> Record:
         return Record(
@@ -153,8 +150,7 @@ class PostgresStore(Store):
         if not requests:
             return []
         where = self._distinct([r.key for r in requests])
-        params = {**self._times(), "max_claims": self.config.max_claims}
-        params["poison_error"] = POISON_ERROR
+        params = {**self._times, "max_claims": self.config.max_claims, "poison_error": POISON_ERROR}
         answers: dict[str, Claim] = {}
         pending = sorted(where)  # the lock order every batch shares
         async with self._cursor() as cur:
@@ -162,11 +158,7 @@ class PostgresStore(Store):
                 fingerprints = [requests[where[key]].fingerprint for key in pending]
                 params |= {"keys": pending, "fingerprints": fingerprints}
                 for row in await self._rows(cur, self._sql.claim, params):
-                    # RETURNING only yields rows this statement wrote, and it
-                    # writes either a claim (in_progress) or a poisoning (failed).
-                    record = self._record(requests[where[row[0]]].key, row)
-                    won = record.status is Status.IN_PROGRESS
-                    answers[row[0]] = Claim(Outcome.CLAIMED if won else Outcome.POISON, record)
+                    answers[row[0]] = written_claim(self._record(requests[where[row[0]]].key, row))
                 refused = [key for key in pending if key not in answers]
                 if not refused:
                     break
@@ -201,7 +193,7 @@ class PostgresStore(Store):
         # nested loop); a hash join may not, and a lost deadlock is retried.
         keys = sorted(where)
         batch = [completions[where[key]] for key in keys]
-        params = self._times() | {
+        params = self._times | {
             "keys": keys,
             "fences": [c.fence for c in batch],
             "results": [c.data.decode() for c in batch],

@@ -158,9 +158,6 @@ class RedisStore(Store):
         command = pack_script(script, keys, args)
         return await self._call(lambda: evalsha(self._pool, script, command))
 
-    async def claim(self, key: str, fingerprint: str) -> Claim:
-        return (await self.claim_many([ClaimRequest(key, fingerprint)]))[0]
-
     async def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
         if not requests:
             return []

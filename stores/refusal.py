@@ -6,7 +6,16 @@ write, and the row they then read may already have moved on.
 
 from __future__ import annotations
 
-from stores.base import Outcome, Record, Status
+from stores.base import Claim, Outcome, Record, Status
+
+
+def written_claim(record: Record) -> Claim:
+    """The claim a row the upsert wrote (and returned) stands for.
+
+    RETURNING only yields a row the statement wrote, and it writes either a
+    claim (in_progress) or a poisoning (failed).
+    """
+    return Claim(Outcome.CLAIMED if record.status is Status.IN_PROGRESS else Outcome.POISON, record)
 
 
 def refused_outcome(record: Record, fingerprint: str, live: bool, leased: bool) -> Outcome | None:

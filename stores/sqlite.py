@@ -31,15 +31,13 @@ from stores.base import (
     Claim,
     ClaimRequest,
     Completion,
-    Outcome,
     Record,
-    Status,
     Store,
     StoreConfig,
 )
 from stores.codec import store_config
 from stores.errors import StoreError, StoreUnavailable
-from stores.refusal import refused_outcome
+from stores.refusal import refused_outcome, written_claim
 from stores.sqlite_sql import batch_text, decode, refuse_nul, statements
 
 BACKEND = "sqlite"
@@ -142,20 +140,13 @@ class SqliteStore(Store):
             for request, key in zip(requests, keys, strict=True):
                 row = written.get(key)
                 if row is not None:
-                    # RETURNING only yields a row this statement wrote, and it
-                    # writes either a claim (in_progress) or a poisoning (failed).
-                    record = decode(request.key, row)
-                    won = record.status is Status.IN_PROGRESS
-                    decided.append(Claim(Outcome.CLAIMED if won else Outcome.POISON, record))
+                    decided.append(written_claim(decode(request.key, row)))
                     continue
                 row = refused[key]
                 record = decode(request.key, row)
                 outcome = refused_outcome(record, request.fingerprint, live=row[11], leased=row[12])
                 decided.append(None if outcome is None else Claim(outcome, record))
         return decided
-
-    async def claim(self, key: str, fingerprint: str) -> Claim:
-        return (await self.claim_many([ClaimRequest(key, fingerprint)]))[0]
 
     async def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
         if not requests:
