@@ -55,10 +55,8 @@ async def test_schema_file_creates_a_table_the_store_uses(
             await conn.execute(f"DROP TABLE {table}")
 
 
-async def test_claim_is_one_statement_unless_refused(
-    make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store = await make_store()
+def statements_sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The text of every statement the stores execute from now on."""
     sent: list[str] = []
     execute = psycopg.AsyncCursor.execute
 
@@ -67,6 +65,14 @@ async def test_claim_is_one_statement_unless_refused(
         return await execute(self, query, *args, **kw)
 
     monkeypatch.setattr(psycopg.AsyncCursor, "execute", counting)
+    return sent
+
+
+async def test_claim_is_one_statement_unless_refused(
+    make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await make_store()
+    sent = statements_sent(monkeypatch)
 
     first = await store.claim("k", FP)
     assert len(sent) == 1

@@ -13,6 +13,7 @@ import pytest
 from stores.base import ClaimRequest, Completion, Outcome, Store
 from stores.postgres import PostgresStore
 from tests.conftest import StoreFactory
+from tests.stores.test_postgres import statements_sent
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -165,22 +166,22 @@ async def test_one_statement_per_batch_unless_refused(
     make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = await make_store()
-    sent: list[str] = []
-    execute = psycopg.AsyncCursor.execute
+    statements = statements_sent(monkeypatch)
 
-    async def counting(self: psycopg.AsyncCursor[Any], query: Any, *args: Any, **kw: Any) -> Any:
-        sent.append(query.as_string(self).split()[0])
-        return await execute(self, query, *args, **kw)
+    def first_words() -> list[str]:
+        return [text.split()[0] for text in statements]
 
-    monkeypatch.setattr(psycopg.AsyncCursor, "execute", counting)
     keys = [f"s{i}" for i in range(256)]
     claims = await store.claim_many([ClaimRequest(k, FP) for k in keys])
+    sent = first_words()
     assert sent == ["INSERT"]
     done = [Completion(c.record.key, c.fence, b"1") for c in claims]
     assert await store.complete_many(done) == [True] * 256
+    sent = first_words()
     assert sent == ["INSERT", "UPDATE"]
     again = await store.claim_many([ClaimRequest(k, FP) for k in keys])
     assert {c.outcome for c in again} == {Outcome.DUPLICATE}
+    sent = first_words()
     assert sent == ["INSERT", "UPDATE", "INSERT", "SELECT"]
 
 
