@@ -23,6 +23,7 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # The suite waits on leases, TTLs and servers far more than on the CPU: four
 # workers, one test file each at a time, keep it within minutes on two cores.

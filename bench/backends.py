@@ -22,7 +22,9 @@ import redis
 from yarl import URL
 
 from bench.broker import AMQP_URL
+from consumer.container import store_options
 from settings import Settings
+from stores.base import Store
 from tests import servers
 
 POSTGRES_DSN = os.environ.get("BENCH_POSTGRES_DSN", "postgresql://localhost/test")
@@ -110,9 +112,16 @@ class Backends:
 
     async def migrate(self, settings: Settings) -> None:
         """Create the store's table the way ``semel migrate`` does."""
-        module = importlib.import_module(f"stores.{settings.store.value}")
-        store = await module.open_store(settings)
+        store = await open_store(settings)
         try:
             await store.migrate()
         finally:
             await store.close()
+
+
+async def open_store(settings: Settings) -> Store:
+    """The settings' store, opened the way the consumer's container opens it."""
+    options = store_options(settings)
+    module = importlib.import_module(options.module)
+    store: Store = await module.open_store(**options.kwargs)
+    return store

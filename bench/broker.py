@@ -37,8 +37,9 @@ from aiormq.channel import Channel as RawChannel
 from pamqp.commands import Basic
 
 from bench.probes import SENT_HEADER
+from consumer.broker.topology import declare, queue_specs
+from consumer.container import topology_of
 from consumer.names import Topology
-from consumer.topology import declare, queue_specs
 from settings import Settings
 
 AMQP_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@localhost:5672/")
@@ -135,12 +136,12 @@ class Broker:
         await self._connection.close()
 
     async def declare(self, settings: Settings) -> None:
-        await declare(self._connection, settings)
+        await declare(self._connection, topology_of(settings))
 
     async def delete(self, settings: Settings) -> None:
         """Remove every queue and exchange of ``settings``' topology."""
         channel = await self._connection.channel()
-        for spec in queue_specs(settings):
+        for spec in queue_specs(topology_of(settings)):
             await channel.queue_delete(spec.name)
         names = Topology(settings.queue)
         for exchange in (settings.exchange, names.retry_exchange, names.dead_letter_exchange):
@@ -208,7 +209,9 @@ class Broker:
 
     async def leftovers(self, settings: Settings) -> dict[str, int]:
         """Messages still in any queue of the topology (all should be 0 after a case)."""
-        counts = {spec.name: await self.ready(spec.name) for spec in queue_specs(settings)}
+        counts = {
+            spec.name: await self.ready(spec.name) for spec in queue_specs(topology_of(settings))
+        }
         return {name: count for name, count in counts.items() if count}
 
     async def time_drain(

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import psutil
 
-from bench.backends import Backends
+from bench.backends import Backends, open_store
 from bench.broker import BenchError
 from stores.base import Outcome, Store
 
@@ -71,8 +70,7 @@ async def store_run(backends: Backends, kind: str, pairs: int, in_flight: int) -
 async def _pairs_per_second(backends: Backends, kind: str, pairs: int, in_flight: int) -> float:
     settings = backends.settings(kind, f"store-{in_flight}")
     await backends.migrate(settings)
-    module = importlib.import_module(f"stores.{kind}")
-    store: Store = await module.open_store(settings)
+    store = await open_store(settings)
     window = asyncio.Semaphore(in_flight)
 
     async def pair(key: str) -> None:

@@ -1,6 +1,6 @@
 """``python -m consumer`` runs the consumer, like ``semel consume``."""
 
-from consumer.cli import main
+from consumer.commands.app import main
 
 if __name__ == "__main__":
     import sys

@@ -1,57 +1,165 @@
-"""The composition root: the one module that knows dependency-injector.
+"""The composition root: the one module that reads ``Settings`` and knows dependency-injector.
 
-Only the selected store backend is imported and built: each backend is a
-``Resource`` behind a ``Selector``, and a Resource is initialised only when
-the selector picks it. The broker connection is a Resource too, opened only
-by the commands that talk to the broker. Tests swap a collaborator with
-``container.store.override(providers.Object(fake))``.
+Everything below it takes plain values: a store gets its URL and a
+:class:`stores.base.StoreConfig`, the pipeline a :class:`PipelineConfig`, the
+topology a :class:`TopologySpec`. Only the selected store backend is imported
+and built: each backend is a ``Resource`` behind a ``Selector``, and a
+Resource is initialised only when the selector picks it. Tests swap a
+collaborator with ``container.store.override(providers.Object(fake))``.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from dependency_injector import containers, providers
 
-from consumer.batching import batched
-from consumer.broker import open_connection
-from consumer.handler import load_handler
-from consumer.httpd import open_operations
-from consumer.metered import MeteredStore
-from consumer.metrics import Metrics, MetricsObserver, timed
-from consumer.runner import Worker
-from consumer.tracing import traced
-from settings import Settings, load_settings
-from stores.base import Store
+from consumer.broker.connection import open_connection, open_tool_connection
+from consumer.broker.topology import TopologySpec
+from consumer.delivery.batching import batched
+from consumer.delivery.decide import RetryPolicy
+from consumer.delivery.handler import load_handler
+from consumer.delivery.message import KeySource, MessageRules
+from consumer.delivery.pipeline import PipelineConfig
+from consumer.errors import ConfigurationError
+from consumer.names import Topology
+from consumer.ops.httpd import open_operations
+from consumer.ops.logs import LogSetup
+from consumer.ops.metered import MeteredStore
+from consumer.ops.metrics import Metrics, MetricsObserver, timed
+from consumer.ops.tracing import traced
+from consumer.runtime.worker import Worker, WorkerConfig
+from settings import ConfigError, QueueType, Settings, load_settings
+from stores.base import Store, StoreConfig
+
+TRANSACTIONAL = "postgres_tx"  # the backend key of transactional mode
 
 
-async def open_backend(kind: str, settings: Settings) -> AsyncIterator[Store]:
-    """Import ``stores.<kind>`` lazily, open its store, close it at shutdown."""
-    module = importlib.import_module(f"stores.{kind}")
-    store: Store = await module.open_store(settings)
+def checked_settings() -> Settings:
+    """The environment's settings; a bad one is a configuration error (exit 2)."""
+    try:
+        return load_settings()
+    except ConfigError as exc:
+        raise ConfigurationError(str(exc)) from None
+
+
+def backend_of(settings: Settings) -> str:
+    """The one place transactional mode is decided: it is a backend of its own."""
+    return TRANSACTIONAL if settings.transactional else settings.store.value
+
+
+@dataclass(frozen=True, slots=True)
+class StoreOptions:
+    """The module of a backend and the keyword arguments of its ``open_store``."""
+
+    module: str
+    kwargs: dict[str, Any]
+
+
+def store_options(settings: Settings) -> StoreOptions:
+    """What the selected backend is opened with: plain values only."""
+    config = StoreConfig(
+        lock_ttl=settings.lock_ttl,
+        retention=settings.retention,
+        max_claims=settings.max_claims,
+        key_prefix=settings.key_prefix,
+    )
+    pool = {"connections": settings.prefetch, "config": config}
+    sql = {"table": settings.postgres_table}
+    options: dict[str, tuple[str, dict[str, Any]]] = {
+        "sqlite": ("stores.sqlite", {"path": settings.sqlite_path, **sql, "config": config}),
+        "postgres": ("stores.postgres", {"dsn": settings.postgres_dsn, **sql, **pool}),
+        TRANSACTIONAL: (
+            "stores.postgres_tx",
+            {
+                "dsn": settings.postgres_dsn,
+                **sql,
+                "outbox_table": settings.outbox_table,
+                "handler_timeout": settings.handler_timeout,
+                **pool,
+            },
+        ),
+        "redis": ("stores.redis", {"url": settings.redis_url, **pool}),
+        "dynamodb": (
+            "stores.dynamodb",
+            {
+                "table": settings.dynamodb_table,
+                "endpoint_url": settings.dynamodb_endpoint_url,
+                "region": settings.dynamodb_region,
+                **pool,
+            },
+        ),
+    }
+    module, kwargs = options[backend_of(settings)]
+    return StoreOptions(module, kwargs)
+
+
+async def open_backend(settings: Settings) -> AsyncIterator[Store]:
+    """Import the selected backend lazily, open its store, close it at shutdown."""
+    options = store_options(settings)
+    module = importlib.import_module(options.module)
+    store: Store = await module.open_store(**options.kwargs)
     try:
         yield store
     finally:
         await store.close()
 
 
-def new_worker(settings: Settings, **collaborators: Any) -> Worker:
-    """The worker; in transactional mode, the one that runs handlers in transactions."""
-    if settings.transactional:
-        from consumer.transactional import TransactionalWorker  # needs psycopg
+def topology_of(settings: Settings) -> TopologySpec:
+    """Every name and argument the broker's topology is declared with."""
+    return TopologySpec(
+        queue=settings.queue,
+        exchange=settings.exchange,
+        binding_keys=tuple(settings.binding_keys),
+        quorum=settings.queue_type is QueueType.QUORUM,
+        retry_delays=tuple(settings.retry_delays),
+        conflict_delay=settings.conflict_delay,
+    )
 
-        return TransactionalWorker(settings=settings, **collaborators)
-    return Worker(settings=settings, **collaborators)
+
+def message_rules(settings: Settings) -> MessageRules:
+    return MessageRules(KeySource.parse(settings.key_source), settings.max_body_bytes)
 
 
-def _store_kind(settings: Settings) -> str:
-    return settings.store.value
+def pipeline_config(settings: Settings) -> PipelineConfig:
+    return PipelineConfig(
+        queue=settings.queue,
+        rules=message_rules(settings),
+        lock_ttl=settings.lock_ttl,
+        handler_timeout=settings.handler_timeout,
+        retry=RetryPolicy(tuple(settings.retry_delays), settings.max_attempts),
+        log_acks=settings.log_level.value == "debug",
+    )
 
 
-def _handler_spec(settings: Settings) -> str:
-    return settings.handler
+def worker_config(settings: Settings) -> WorkerConfig:
+    return WorkerConfig(
+        queue=settings.queue,
+        prefetch=settings.prefetch,
+        shutdown_grace=settings.shutdown_grace,
+        broker_give_up=settings.broker_give_up,
+        retention=settings.retention,
+    )
+
+
+def log_setup(settings: Settings) -> LogSetup:
+    level = logging.getLevelNamesMapping()[settings.log_level.value.upper()]
+    return LogSetup(as_json=settings.log_format.value == "json", level=level)
+
+
+def plain_worker(collaborators: dict[str, Any]) -> Worker:
+    return Worker(**collaborators)
+
+
+def transactional_worker(collaborators: dict[str, Any]) -> Worker:
+    """Transactional mode's worker, imported only when selected: it needs psycopg."""
+    module = importlib.import_module("consumer.transactional.worker")
+    worker: Worker = module.TransactionalWorker(**collaborators)
+    return worker
 
 
 async def shutdown(container: containers.Container) -> None:
@@ -62,21 +170,32 @@ async def shutdown(container: containers.Container) -> None:
 
 
 class Container(containers.DeclarativeContainer):
-    """Wires settings to the store, the broker connection and the worker."""
+    """Wires settings to the store, the broker connection, the worker and the commands."""
 
-    settings = providers.Singleton(load_settings)
+    settings = providers.Singleton(checked_settings)
+    backend = providers.Callable(backend_of, settings)
 
     store = providers.Selector(
-        providers.Callable(_store_kind, settings),
-        sqlite=providers.Resource(open_backend, "sqlite", settings),
-        postgres=providers.Resource(open_backend, "postgres", settings),
-        redis=providers.Resource(open_backend, "redis", settings),
-        dynamodb=providers.Resource(open_backend, "dynamodb", settings),
+        backend,
+        sqlite=providers.Resource(open_backend, settings),
+        postgres=providers.Resource(open_backend, settings),
+        postgres_tx=providers.Resource(open_backend, settings),
+        redis=providers.Resource(open_backend, settings),
+        dynamodb=providers.Resource(open_backend, settings),
     )
 
-    handler = providers.Singleton(load_handler, providers.Callable(_handler_spec, settings))
+    handler = providers.Singleton(load_handler, settings.provided.handler)
+    topology = providers.Singleton(topology_of, settings)
+    names = providers.Singleton(Topology, settings.provided.queue)
+    rules = providers.Singleton(message_rules, settings)
+    logs = providers.Singleton(log_setup, settings)
 
-    connection = providers.Resource(open_connection, settings)
+    # The worker's connection is robust and waits for a broker that is away;
+    # a command's connects once and reports failure at once.
+    connection = providers.Resource(
+        open_connection, settings.provided.amqp_url, settings.provided.broker_give_up
+    )
+    tool_connection = providers.Resource(open_tool_connection, settings.provided.amqp_url)
 
     # Operations: the worker sees the store and the handler through meters,
     # and its pipeline reports to an observer (metrics, plus spans when
@@ -87,13 +206,23 @@ class Container(containers.DeclarativeContainer):
     observer = providers.Singleton(
         traced, providers.Factory(MetricsObserver, metrics), settings.provided.queue
     )
-    health = providers.Resource(open_operations, settings, metrics)
+    health = providers.Resource(open_operations, settings.provided.metrics_port, metrics)
 
-    worker = providers.Factory(
-        new_worker,
+    # The transactional worker is another class, picked by the same key as its store.
+    _collaborators = providers.Dict(
         connection=connection,
         store=metered_store,
         handler=timed_handler,
-        settings=settings,
         observer=observer,
+        config=providers.Callable(worker_config, settings),
+        pipeline=providers.Callable(pipeline_config, settings),
+    )
+    _plain_worker = providers.Factory(plain_worker, _collaborators)
+    worker = providers.Selector(
+        backend,
+        sqlite=_plain_worker,
+        postgres=_plain_worker,
+        postgres_tx=providers.Factory(transactional_worker, _collaborators),
+        redis=_plain_worker,
+        dynamodb=_plain_worker,
     )

@@ -15,8 +15,7 @@ from typing import Any
 
 import structlog
 
-from consumer.errors import PermanentError
-from consumer.handler import Context
+from consumer import Context, PermanentError
 
 log = structlog.get_logger("semel.example")
 

@@ -1,7 +1,8 @@
-"""Every name semel puts on the broker, defined once.
+"""Every name and constant semel puts on the wire, defined once.
 
-Queue and exchange names derive from ``SEMEL_QUEUE``; header names are the
-DLQ contract of DESIGN.md that operators and tooling read.
+Queue and exchange names derive from ``SEMEL_QUEUE``; the header names and
+reasons are the DLQ contract that operators and tooling read; the timeouts
+bound every broker call that must not hang a worker or a command.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-# Headers semel writes. Attempts are counted here, never in x-death.
+# -- headers semel writes. Attempts are counted here, never in x-death. -------------------
 H_ATTEMPTS = "x-semel-attempts"
 H_REASON = "x-semel-reason"
 H_ERROR = "x-semel-error"
@@ -30,8 +31,25 @@ BROKER_HEADERS = (
     "x-last-death-reason",
     "x-delivery-count",
 )
-
+X_DEATH = "x-death"
+REJECTED_DEATH = "rejected"  # the x-death reason of a NACK without requeue
 ERROR_HEADER_LIMIT = 1024  # bytes of exception text kept in x-semel-error
+
+# -- the message ---------------------------------------------------------------------------
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+JSON_CONTENT_TYPE = "application/json"
+MAX_KEY_LENGTH = 256
+
+# -- routing -------------------------------------------------------------------------------
+DEFAULT_EXCHANGE = ""  # routes by queue name
+DLQ_ROUTING_KEY = "dlq"
+CONFLICT_ROUTING_KEY = "conflict"
+
+# -- broker timeouts, in seconds -----------------------------------------------------------
+CONNECT_TIMEOUT = 10.0  # one attempt to reach the broker
+RECONNECT_INTERVAL = 1.0  # between the robust connection's reconnect attempts
+CONFIRM_TIMEOUT = 15.0  # for the broker's confirm of one publish
+BROKER_CALL_TIMEOUT = 5.0  # a cancel, close or get that must not block a pause or a stop
 
 
 class Reason(StrEnum):
@@ -63,7 +81,7 @@ class Topology:
 
     @property
     def conflict_routing_key(self) -> str:
-        return "conflict"
+        return CONFLICT_ROUTING_KEY
 
     def tier_queue(self, seconds: float) -> str:
         return f"{self.queue}.retry.{seconds:g}s"

@@ -205,7 +205,3 @@ class Settings(BaseSettings):
             text = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
             env[f"{PREFIX}{field.upper()}"] = text
         return env
-
-    def retry_delay(self, attempt: int) -> float:
-        """The wait before attempt ``attempt + 1``; the last tier repeats."""
-        return self.retry_delays[min(attempt, len(self.retry_delays)) - 1]

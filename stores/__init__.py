@@ -2,21 +2,33 @@
 
 Backends are imported by the container only when selected, so a Redis user
 never needs psycopg or boto3 installed. Each backend module exposes
-``async def open_store(settings) -> Store``.
+``async def open_store(*, ..., config: StoreConfig) -> Store``, whose other
+keyword arguments are plain values (a path, a DSN, a URL, a table name, how
+many connections to pool): ``stores`` never reads the settings itself.
 """
 
 from stores.base import JSON, Claim, Outcome, Record, Status, Store, StoreConfig
-from stores.errors import ResultTooLarge, StoreError, StoreUnavailable
+from stores.errors import (
+    FencedOut,
+    ResultTooLarge,
+    SemelError,
+    StoreError,
+    StoreMisconfigured,
+    StoreUnavailable,
+)
 
 __all__ = [
     "JSON",
     "Claim",
+    "FencedOut",
     "Outcome",
     "Record",
     "ResultTooLarge",
+    "SemelError",
     "Status",
     "Store",
     "StoreConfig",
     "StoreError",
+    "StoreMisconfigured",
     "StoreUnavailable",
 ]

@@ -222,3 +222,64 @@ class Store(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the container calls it at shutdown."""
+
+
+class DelegatingStore(Store):
+    """A store that hands every call to ``inner``; a wrapper overrides what it changes.
+
+    The consumer wraps its store twice (batching, metering), and tests wrap it
+    to inject faults: each wrapper is then only what it adds. Backend extras
+    (the PostgreSQL store's purge, say) stay reachable through any wrapper.
+    """
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner.config)
+        self.inner = inner
+        self.backend = inner.backend
+        self.result_limit = inner.result_limit
+
+    def encode_result(self, result: JSON) -> bytes:
+        return self.inner.encode_result(result)  # the backend may refuse more than size
+
+    async def claim(self, key: str, fingerprint: str) -> Claim:
+        return await self.inner.claim(key, fingerprint)
+
+    async def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+        return await self.inner.claim_many(requests)
+
+    async def complete(self, key: str, fence: int, result: JSON) -> bool:
+        return await self.inner.complete(key, fence, result)
+
+    async def complete_encoded(self, completion: Completion) -> bool:
+        return await self.inner.complete_encoded(completion)
+
+    async def complete_many(self, completions: Sequence[Completion]) -> list[bool]:
+        return await self.inner.complete_many(completions)
+
+    async def release(self, key: str, fence: int) -> bool:
+        return await self.inner.release(key, fence)
+
+    async def fail(self, key: str, fence: int, error: str) -> bool:
+        return await self.inner.fail(key, fence, error)
+
+    async def heartbeat(self, key: str, fence: int) -> bool:
+        return await self.inner.heartbeat(key, fence)
+
+    async def get(self, key: str) -> Record | None:
+        return await self.inner.get(key)
+
+    async def reset(self, key: str) -> bool:
+        return await self.inner.reset(key)
+
+    async def migrate(self) -> list[str]:
+        return await self.inner.migrate()
+
+    async def ping(self) -> None:
+        await self.inner.ping()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names this class lacks: the backend's own extras.
+        return getattr(self.inner, name)

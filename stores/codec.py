@@ -6,8 +6,7 @@ from datetime import UTC, datetime
 
 import orjson
 
-from settings import Settings
-from stores.base import JSON, StoreConfig
+from stores.base import JSON
 
 
 def load_result(data: bytes | str | None) -> JSON:
@@ -16,13 +15,3 @@ def load_result(data: bytes | str | None) -> JSON:
 
 def from_epoch_ms(ms: int | float | None) -> datetime | None:
     return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
-
-
-def store_config(settings: Settings) -> StoreConfig:
-    """The backend-independent part of the settings."""
-    return StoreConfig(
-        lock_ttl=settings.lock_ttl,
-        retention=settings.retention,
-        max_claims=settings.max_claims,
-        key_prefix=settings.key_prefix,
-    )

@@ -9,7 +9,7 @@ writes and the claim decision live in :mod:`stores.dynamodb_items`, the table
 and its TTL in :mod:`stores.dynamodb_table`.
 
 boto3's client is thread-safe but blocking, so every call runs on a private
-thread pool sized for the consumer's prefetch, never on the event loop.
+thread pool sized for the deliveries in flight, never on the event loop.
 """
 
 from __future__ import annotations
@@ -25,11 +25,9 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from settings import Settings
 from stores import dynamodb_items as items
 from stores import dynamodb_table
 from stores.base import Claim, Completion, Outcome, Record, Status, Store, StoreConfig
-from stores.codec import store_config
 from stores.dynamodb_items import Instant, Item, Step, Update
 from stores.errors import StoreUnavailable
 
@@ -252,17 +250,17 @@ def _held(refused: ClientError) -> Item | None:
     return cast("Item | None", cast(dict[str, Any], refused.response).get("Item"))
 
 
-def _client(settings: Settings) -> DynamoDBClient:
+def _client(endpoint_url: str | None, region: str, connections: int) -> DynamoDBClient:
     # A session of its own: boto3's default session is shared and not thread-safe.
     return boto3.session.Session().client(
         "dynamodb",
-        endpoint_url=settings.dynamodb_endpoint_url,
-        region_name=settings.dynamodb_region,
+        endpoint_url=endpoint_url,
+        region_name=region,
         config=Config(
             connect_timeout=CONNECT_TIMEOUT,
             read_timeout=READ_TIMEOUT,
             retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"},
-            max_pool_connections=settings.prefetch,
+            max_pool_connections=connections,
             # The requests are built by this module alone, in shapes the tests send
             # to two servers, and DynamoDB validates them again: checking each one
             # on the client too cost a fifth of the client's CPU per claim+complete.
@@ -271,8 +269,16 @@ def _client(settings: Settings) -> DynamoDBClient:
     )
 
 
-async def open_store(settings: Settings) -> Store:
-    """The store for ``settings``; opening contacts no server, so an outage shows on first use."""
-    executor = ThreadPoolExecutor(max_workers=settings.prefetch, thread_name_prefix="dynamodb")
-    client = await asyncio.get_running_loop().run_in_executor(executor, _client, settings)
-    return DynamoDBStore(store_config(settings), client, settings.dynamodb_table, executor)
+async def open_store(
+    *, table: str, endpoint_url: str | None, region: str, connections: int, config: StoreConfig
+) -> Store:
+    """The store on ``table``, calling ``connections`` requests at a time at most.
+
+    ``endpoint_url`` is ``None`` for AWS itself. Opening contacts no server, so
+    an outage shows on first use.
+    """
+    executor = ThreadPoolExecutor(max_workers=connections, thread_name_prefix="dynamodb")
+    client = await asyncio.get_running_loop().run_in_executor(
+        executor, _client, endpoint_url, region, connections
+    )
+    return DynamoDBStore(config, client, table, executor)

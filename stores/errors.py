@@ -1,14 +1,31 @@
-"""Errors a store raises.
+"""The root of semel's error tree, and the errors a store raises.
 
-StoreError
- ├── StoreUnavailable   the backend cannot be reached or did not answer in time
- └── ResultTooLarge     the handler's result does not fit the backend
+The root lives here because ``stores`` imports nothing of the consumer; the
+consumer's own errors extend it in :mod:`consumer.errors`::
+
+    SemelError                  exit code 1 unless a class says otherwise
+     └── StoreError
+          ├── StoreUnavailable      the backend cannot be reached or did not answer in time
+          ├── StoreMisconfigured    exit 2: reachable, not set up for semel (run `semel migrate`)
+          ├── ResultTooLarge        the handler's result does not fit the backend
+          └── FencedOut             the claim was taken over before the unit of work committed
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
 
-class StoreError(Exception):
+EXIT_FAILURE = 1  # anything worth a restart by the supervisor
+EXIT_USAGE = 2  # bad usage or configuration: the operator's to fix
+
+
+class SemelError(Exception):
+    """Base of every error semel raises on purpose; ``exit_code`` is the process's."""
+
+    exit_code: ClassVar[int] = EXIT_FAILURE
+
+
+class StoreError(SemelError):
     """Base of every store error."""
 
 
@@ -23,6 +40,12 @@ class StoreUnavailable(StoreError):
         self.backend = backend
 
 
+class StoreMisconfigured(StoreError):
+    """The store answers but is not set up for semel (a table missing, say)."""
+
+    exit_code = EXIT_USAGE
+
+
 class ResultTooLarge(StoreError):
     """The result cannot be stored without truncation; nothing was written."""
 
@@ -30,3 +53,10 @@ class ResultTooLarge(StoreError):
         super().__init__(f"result of {size} bytes exceeds the store's limit of {limit} bytes")
         self.size = size
         self.limit = limit
+
+
+class FencedOut(StoreError):
+    """The key was claimed again before the unit of work completed it; nothing was committed."""
+
+    def __init__(self, key: str, fence: int) -> None:
+        super().__init__(f"claim of {key!r} under fence {fence} was taken over before commit")

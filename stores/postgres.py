@@ -19,8 +19,6 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
-from settings import Settings
-from settings.redact import redact
 from stores.base import (
     JSON,
     POISON_ERROR,
@@ -32,7 +30,7 @@ from stores.base import (
     Store,
     StoreConfig,
 )
-from stores.codec import load_result, store_config
+from stores.codec import load_result
 from stores.errors import StoreUnavailable
 from stores.postgres_sql import Statements, schema
 from stores.refusal import refused_outcome, written_claim
@@ -42,7 +40,7 @@ CONNECT_TIMEOUT = 3  # seconds; libpq's minimum useful value is 2
 POOL_TIMEOUT = 5.0  # seconds a caller waits for a pooled connection
 # Bounds of the store's pool. With claims and completions batched, a process
 # has few statements on the wire at once: two claim batches and two
-# completion batches (consumer.batching), plus the unbatched fenced writes
+# completion batches (consumer.delivery.batching), plus the unbatched fenced writes
 # (heartbeat, release, fail), each well under a millisecond of server time.
 # More connections would not add throughput, only server processes: ten
 # replicas of 8 stay within PostgreSQL's default max_connections of 100.
@@ -243,49 +241,50 @@ class PostgresStore(Store):
 
 
 def describe(exc: Exception) -> str:
-    """libpq's message on one line, with any credential masked."""
-    return redact(" ".join(str(exc).split()))
+    """libpq's message on one line."""
+    return " ".join(str(exc).split())
 
 
-def pool_size(prefetch: int, bounds: tuple[int, int] = POOL_MAX) -> int:
-    """Up to one connection per in-flight delivery, within ``bounds``."""
+def pool_size(connections: int, bounds: tuple[int, int] = POOL_MAX) -> int:
+    """Up to one connection per in-flight delivery (``connections`` of them), within ``bounds``."""
     low, high = bounds
-    return max(low, min(prefetch, high))
+    return max(low, min(connections, high))
 
 
-async def open_store(settings: Settings) -> Store:
-    """Open a pool to ``settings.postgres_dsn``; fails fast when the server is down."""
-    if settings.transactional:
-        from stores import postgres_tx  # the variant imports this module
+async def open_store(*, dsn: str, table: str, connections: int, config: StoreConfig) -> Store:
+    """Open a pool to ``dsn`` sized for ``connections`` deliveries in flight.
 
-        return await postgres_tx.open_store(settings)
-    return PostgresStore(store_config(settings), await open_pool(settings), settings.postgres_table)
+    Keys go in ``table``. Fails fast when the server is down.
+    """
+    pool = await open_pool(dsn=dsn, size=pool_size(connections))
+    return PostgresStore(config, pool, table)
 
 
 async def open_pool(
-    settings: Settings,
+    *,
+    dsn: str,
+    size: int,
     name: str = "semel-postgres",
     configure: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
-    size: int | None = None,
 ) -> AsyncConnectionPool:
-    """An open pool of autocommit connections; ``configure`` runs on each new one.
+    """An open pool of at most ``size`` autocommit connections to ``dsn``.
 
-    ``size`` defaults to the store's own :func:`pool_size`.
+    ``configure`` runs on each new connection.
     """
     kwargs: dict[str, Any] = {"autocommit": True, "application_name": "semel"}
-    if "connect_timeout" not in conninfo_to_dict(settings.postgres_dsn):
+    if "connect_timeout" not in conninfo_to_dict(dsn):
         kwargs["connect_timeout"] = CONNECT_TIMEOUT
     try:
         # The pool retries a refused connection until its timeout runs out;
         # one direct attempt first reports a down server at once, with libpq's reason.
-        probe = await psycopg.AsyncConnection.connect(settings.postgres_dsn, **kwargs)
+        probe = await psycopg.AsyncConnection.connect(dsn, **kwargs)
     except UNAVAILABLE as exc:
         raise StoreUnavailable(BACKEND, describe(exc)) from exc
     await probe.close()
     pool: AsyncConnectionPool = AsyncConnectionPool(
-        settings.postgres_dsn,
+        dsn,
         min_size=1,
-        max_size=size or pool_size(settings.prefetch),
+        max_size=size,
         kwargs=kwargs,
         timeout=POOL_TIMEOUT,
         open=False,

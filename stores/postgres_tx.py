@@ -27,10 +27,8 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from settings import Settings
 from stores.base import JSON, Claim, Completion, Outcome, Record, Status, Store, StoreConfig
-from stores.codec import store_config
-from stores.errors import StoreError, StoreUnavailable
+from stores.errors import FencedOut, StoreMisconfigured, StoreUnavailable
 from stores.outbox import Outbox, OutboxMessage, OutboxTable
 from stores.outbox import schema as outbox_schema
 from stores.postgres import (
@@ -57,17 +55,6 @@ POOL_MAX = (2, 32)
 
 Work = Callable[[AsyncConnection[Any], Outbox], Awaitable[JSON]]
 Publish = Callable[[list[OutboxMessage]], Awaitable[dict[int, str | None]]]
-
-
-class FencedOut(StoreError):
-    """The key was claimed again before the unit of work completed it; nothing was committed."""
-
-    def __init__(self, key: str, fence: int) -> None:
-        super().__init__(f"claim of {key!r} under fence {fence} was taken over before commit")
-
-
-class SchemaMissing(StoreError):
-    """The outbox table does not exist; ``semel migrate`` creates it."""
 
 
 class Phase(Enum):
@@ -243,12 +230,12 @@ class TransactionalStore(PostgresStore):
             return await self.outbox.unsent(conn)
 
     async def check_schema(self) -> None:
-        """Raise :class:`SchemaMissing` unless the outbox table exists."""
+        """Raise :class:`StoreMisconfigured` unless the outbox table exists."""
         async with self._session() as conn:
             cur = await conn.execute("SELECT to_regclass(%s)", (f'"{self.outbox.table}"',))
             row = await cur.fetchone()
         if row is None or row[0] is None:
-            raise SchemaMissing(
+            raise StoreMisconfigured(
                 f"outbox table {self.outbox.table!r} does not exist: run `semel migrate` "
                 "with SEMEL_TRANSACTIONAL=true"
             )
@@ -274,27 +261,34 @@ def _set(name: str, value: str) -> Callable[[AsyncConnection[Any]], Awaitable[No
     return configure
 
 
-async def open_store(settings: Settings) -> Store:
-    """Two pools: the store's own (short lock waits) and the handlers' transactions."""
-    size = pool_size(settings.prefetch, POOL_MAX)
+async def open_store(
+    *,
+    dsn: str,
+    table: str,
+    outbox_table: str,
+    connections: int,
+    handler_timeout: float,
+    config: StoreConfig,
+) -> Store:
+    """Two pools to ``dsn``: the store's own (short lock waits) and the handlers' transactions.
+
+    Keys go in ``table``, staged messages in ``outbox_table``; a handler's
+    transaction idle past ``handler_timeout`` seconds (plus a margin) is ended
+    by the server.
+    """
+    size = pool_size(connections, POOL_MAX)
     pool = await open_pool(
-        settings, configure=_set("lock_timeout", f"{LOCK_TIMEOUT_MS}ms"), size=size
+        dsn=dsn, size=size, configure=_set("lock_timeout", f"{LOCK_TIMEOUT_MS}ms")
     )
-    idle = round((settings.handler_timeout + IDLE_MARGIN) * 1000)
+    idle = round((handler_timeout + IDLE_MARGIN) * 1000)
     try:
         units = await open_pool(
-            settings,
+            dsn=dsn,
+            size=size,
             name="semel-postgres-units",
             configure=_set("idle_in_transaction_session_timeout", f"{idle}ms"),
-            size=size,
         )
     except BaseException:
         await pool.close()
         raise
-    return TransactionalStore(
-        store_config(settings),
-        pool,
-        settings.postgres_table,
-        units=units,
-        outbox=OutboxTable(settings.outbox_table),
-    )
+    return TransactionalStore(config, pool, table, units=units, outbox=OutboxTable(outbox_table))

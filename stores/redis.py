@@ -32,7 +32,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from settings import Settings, redact
 from stores.base import (
     POISON_ERROR,
     Claim,
@@ -44,7 +43,7 @@ from stores.base import (
     Store,
     StoreConfig,
 )
-from stores.codec import from_epoch_ms, store_config
+from stores.codec import from_epoch_ms
 from stores.errors import StoreUnavailable
 from stores.redis_eval import Script, evalsha, pack_script
 
@@ -78,13 +77,15 @@ def _lua(*names: str) -> Script:
     return Script("\n".join((_SCRIPTS / f"{n}.lua").read_text(encoding="utf-8") for n in names))
 
 
-CLAIM = _lua("record", "claim")
-GET = _lua("record", "get")
-COMPLETE = _lua("complete")
-RELEASE = _lua("release")
-FAIL = _lua("fail")
-HEARTBEAT = _lua("heartbeat")
-RESET = _lua("reset")
+# common.lua: the server clock and number formatting; record.lua: the record
+# as a reply; fenced.lua: the check that only the current claim writes a key.
+CLAIM = _lua("common", "record", "claim")
+GET = _lua("common", "record", "get")
+COMPLETE = _lua("common", "fenced", "complete")
+RELEASE = _lua("common", "fenced", "release")
+FAIL = _lua("common", "fenced", "fail")
+HEARTBEAT = _lua("common", "fenced", "heartbeat")
+RESET = _lua("common", "reset")
 
 _WRITTEN = ord("1")  # complete.lua's answer for a key it wrote
 # Looked up per key of a batch; a dict is several times cheaper than Enum(value).
@@ -151,8 +152,7 @@ class RedisStore(Store):
         try:
             return await operation()
         except _UNREACHABLE as exc:
-            detail = redact(f"{type(exc).__name__}: {exc}")
-            raise StoreUnavailable(self.backend, detail) from exc
+            raise StoreUnavailable(self.backend, f"{type(exc).__name__}: {exc}") from exc
 
     async def _eval(self, script: Script, keys: Sequence[bytes], args: Sequence[bytes]) -> Any:
         command = pack_script(script, keys, args)
@@ -249,16 +249,16 @@ class RedisStore(Store):
         await self._client.aclose()
 
 
-async def open_store(settings: Settings) -> Store:
-    """A store on ``settings.redis_url`` (redis://, rediss:// or unix://).
+async def open_store(*, url: str, connections: int, config: StoreConfig) -> Store:
+    """A store on ``url`` (redis://, rediss:// or unix://), pooling up to ``connections``.
 
     Connections open lazily, so an unreachable server surfaces on the first
     operation as :class:`StoreUnavailable`, not here.
     """
     pool = BlockingConnectionPool.from_url(
-        settings.redis_url,
+        url,
         # One connection per delivery in flight; heartbeats beyond that wait briefly.
-        max_connections=settings.prefetch,
+        max_connections=connections,
         timeout=POOL_WAIT,
         socket_connect_timeout=CONNECT_TIMEOUT,
         socket_timeout=COMMAND_TIMEOUT,
@@ -268,4 +268,4 @@ async def open_store(settings: Settings) -> Store:
         # CONFIG GET still go through it.
         retry=Retry(NoBackoff(), 0),
     )
-    return RedisStore(store_config(settings), Redis.from_pool(pool))
+    return RedisStore(config, Redis.from_pool(pool))

@@ -25,7 +25,6 @@ from functools import partial
 from itertools import chain
 from typing import Any, TypeVar, cast
 
-from settings import Settings
 from stores.base import (
     POISON_ERROR,
     Claim,
@@ -35,7 +34,6 @@ from stores.base import (
     Store,
     StoreConfig,
 )
-from stores.codec import store_config
 from stores.errors import StoreError, StoreUnavailable
 from stores.refusal import refused_outcome, written_claim
 from stores.sqlite_sql import batch_text, decode, refuse_nul, statements
@@ -256,19 +254,19 @@ def connect(path: str) -> sqlite3.Connection:
     return conn
 
 
-async def open_store(settings: Settings) -> Store:
-    """Open ``settings.sqlite_path`` on a thread of its own."""
+async def open_store(*, path: str, table: str, config: StoreConfig) -> Store:
+    """Open the database file at ``path`` on a thread of its own; keys go in ``table``."""
     if sqlite3.sqlite_version_info < MIN_VERSION:
         raise StoreError(
             f"SQLite {sqlite3.sqlite_version} lacks UPSERT ... RETURNING; 3.35 or newer is needed"
         )
     thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semel-sqlite")
     try:
-        conn = await on_thread(thread, connect, settings.sqlite_path)
+        conn = await on_thread(thread, connect, path)
     except BaseException:
         thread.shutdown(wait=False)
         raise
-    store = SqliteStore(store_config(settings), conn, thread, settings.postgres_table)
+    store = SqliteStore(config, conn, thread, table)
     # The embedded store has no operator to run `semel migrate`: a fresh
     # checkout must consume at once, so the table is created on open.
     try:

@@ -9,6 +9,9 @@ A batch of claims names its keys in one JSON object, ``{key: fingerprint,
 yields them as rows), about twice as fast as one statement per key. Each row
 is still decided on its own, exactly as a single-key upsert would decide it.
 A lone key is bound directly: ``json_each`` would add a third to its cost.
+
+The claim and the single-key writes are the PostgreSQL store's, written once
+for both in :mod:`stores.sql_shared`.
 """
 
 from __future__ import annotations
@@ -22,64 +25,28 @@ import orjson
 
 from stores.base import Record, Status
 from stores.codec import from_epoch_ms, load_result
+from stores.sql_shared import Dialect, Shared
 
-COLUMNS = (
-    "key, fingerprint, status, fence, claims, lock_expires_at, result, error,"
-    " first_seen, updated_at, expires_at"
-)
-
-# The same conditions as the PostgreSQL claim: past retention a row counts as
-# absent, so a live row passing the WHERE clause is a takeover (or a
-# poisoning) and any other is a fresh start.
-LIVE = "(t.expires_at > :now)"
-LEASED = "coalesce(t.lock_expires_at > :now, 0)"
-POISONED = "(t.expires_at > :now AND t.claims >= :max_claims)"
+# Times are the store's, bound as :now; durations in ms; results as TEXT.
+SQLITE = Dialect(now=":now", now_plus=":now + :{}", param=":{}", false="0", result_text="result")
 
 # The rows a claim inserts: one key, or a batch. "WHERE true": without a
 # WHERE, ON CONFLICT would parse as a join constraint.
-ONE_KEY = "VALUES (:key, :fingerprint, 'in_progress', 1, 1, :now + :ttl, :now, :now, :now + :hold)"
-BATCH = """SELECT r.key, r.value, 'in_progress', 1, 1, :now + :ttl, :now, :now, :now + :hold
+ONE_KEY = "VALUES (:key, :fingerprint, {first_claim})"
+BATCH = """SELECT r.key, r.value, {first_claim}
 FROM json_each(:batch) AS r
 WHERE true"""
+IN_BATCH = "t.key IN (SELECT r.key FROM json_each(:batch) AS r)"
 
-CLAIM = f"""
-INSERT INTO {{table}} AS t (key, fingerprint, status, fence, claims, lock_expires_at,
-                            first_seen, updated_at, expires_at)
-{{rows}}
-ON CONFLICT (key) DO UPDATE SET
-    fingerprint = excluded.fingerprint,
-    status = CASE WHEN {POISONED} THEN 'failed' ELSE 'in_progress' END,
-    fence = CASE WHEN {POISONED} THEN t.fence ELSE t.fence + 1 END,
-    claims = CASE WHEN {POISONED} THEN t.claims WHEN {LIVE} THEN t.claims + 1 ELSE 1 END,
-    lock_expires_at = CASE WHEN {POISONED} THEN NULL ELSE excluded.lock_expires_at END,
-    result = NULL,
-    error = CASE WHEN {POISONED} THEN :poison_error END,
-    first_seen = CASE WHEN {LIVE} THEN t.first_seen ELSE :now END,
-    updated_at = :now,
-    expires_at = CASE WHEN {POISONED} THEN :now + :retention ELSE excluded.expires_at END
-WHERE NOT {LIVE}
-   OR (t.status = 'in_progress' AND t.fingerprint = excluded.fingerprint AND NOT {LEASED})
-RETURNING {COLUMNS}
-"""
-
-# The row a refused claim hit, with the claim's own view of it: live, leased.
-INSPECT = f"SELECT {COLUMNS}, {LIVE}, {LEASED} FROM {{table}} AS t WHERE key = :key"
-INSPECT_BATCH = f"""SELECT {COLUMNS}, {LIVE}, {LEASED} FROM {{table}} AS t
-WHERE t.key IN (SELECT r.key FROM json_each(:batch) AS r)"""
-
-FENCED = " WHERE key = :key AND fence = :fence AND status = 'in_progress'"
-SET_COMPLETE = """status = 'completed', result = :result, lock_expires_at = NULL,
-    updated_at = :now, expires_at = :now + :retention"""
-SET_RELEASE = "lock_expires_at = :now, updated_at = :now, expires_at = :now + :hold"
-SET_FAIL = """status = 'failed', error = :error, lock_expires_at = NULL,
-    updated_at = :now, expires_at = :now + :retention"""
-SET_HEARTBEAT = "lock_expires_at = :now + :ttl, updated_at = :now, expires_at = :now + :hold"
-SET_RESET = """status = 'in_progress', claims = 0, result = NULL, error = NULL,
-    lock_expires_at = :now, updated_at = :now, expires_at = :now + :hold"""
-
+# Two copies, this and PostgreSQL's (stores.postgres_sql.PURGE), the same but
+# for locking: the write lock lets one writer in at a time, so none of the row
+# locking PostgreSQL's purge needs against concurrent claims.
 PURGE = """DELETE FROM {table} WHERE key IN (
     SELECT key FROM {table} WHERE expires_at <= :now LIMIT :limit)"""
 
+# Two copies of one table, this and PostgreSQL's (stores.postgres_sql.schema):
+# the same columns and index in each dialect's types, times as integer ms here
+# and timestamptz there, the result as TEXT here and jsonb there.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS {table} (
     key             TEXT    PRIMARY KEY NOT NULL,
@@ -121,18 +88,17 @@ class Statements:
 
 def statements(table: str) -> Statements:
     name = quote(table)
-    update = f"UPDATE {name} SET "
+    shared = Shared(SQLITE, name)
     return Statements(
-        claim=CLAIM.format(table=name, rows=ONE_KEY),
-        claim_batch=CLAIM.format(table=name, rows=BATCH),
-        inspect=INSPECT.format(table=name),
-        inspect_batch=INSPECT_BATCH.format(table=name),
-        complete=update + SET_COMPLETE + FENCED,
-        release=update + SET_RELEASE + FENCED,
-        fail=update + SET_FAIL + FENCED,
-        heartbeat=update + SET_HEARTBEAT + FENCED,
-        # A row past retention is absent: resetting it would revive its fingerprint.
-        reset=update + SET_RESET + " WHERE key = :key AND expires_at > :now",
+        claim=shared.claim(ONE_KEY),
+        claim_batch=shared.claim(BATCH),
+        inspect=shared.inspect(),
+        inspect_batch=shared.inspect(IN_BATCH),
+        complete=shared.complete(":result"),
+        release=shared.release(),
+        fail=shared.fail(),
+        heartbeat=shared.heartbeat(),
+        reset=shared.reset(),
         purge=PURGE.format(table=name),
         schema=SCHEMA.format(table=name, index=quote(f"{table[:48]}_expires_at_idx")),
     )

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from consumer.container import store_options
 from settings import Settings
 from stores.base import Store
 from tests import servers
@@ -94,8 +95,9 @@ StoreFactory = Callable[..., Awaitable[Store]]
 
 async def open_store(settings: Settings) -> Store:
     """Open the settings' backend the way the container does."""
-    module = importlib.import_module(f"stores.{settings.store.value}")
-    store: Store = await module.open_store(settings)
+    options = store_options(settings)
+    module = importlib.import_module(options.module)
+    store: Store = await module.open_store(**options.kwargs)
     return store
 
 

@@ -56,7 +56,7 @@ async def test_store_can_be_overridden() -> None:
 
 def _semel(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "consumer.cli", *args],
+        [sys.executable, "-m", "consumer.commands.app", *args],
         env=settings_env(settings),
         capture_output=True,
         text=True,

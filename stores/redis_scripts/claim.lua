@@ -1,7 +1,8 @@
 -- Decide claims, each key in one step: first claim, takeover, poison, or a
 -- refusal that names the record it collided with. Times come from the
 -- server clock, read once: the whole script is one atomic step.
--- Sent after record.lua. One key for claim(), many for claim_many().
+-- Sent after common.lua and record.lua.
+-- One key for claim(), many for claim_many().
 --
 -- KEYS     the records' hashes, one per key claimed
 -- ARGV[1]  lock_ttl in ms

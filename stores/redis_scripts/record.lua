@@ -1,19 +1,10 @@
--- Shared by claim.lua and get.lua, which are sent with this text in front.
+-- Shared by claim.lua and get.lua, which are sent with this text in front
+-- (after common.lua).
 --
 -- A reply is JSON text the client decodes in one call, not a RESP array it
 -- would parse element by element. Stored numbers are the '%d' digits the
 -- scripts wrote and the result is JSON already, so both go in verbatim;
 -- only free text (fingerprint, error) needs cjson's quoting.
-
--- Lua numbers are doubles; '%d' keeps large integers out of exponent notation.
-local function int(n)
-  return string.format('%d', n)
-end
-
-local function server_ms()
-  local time = redis.call('TIME')
-  return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-end
 
 -- {outcome, pttl, fingerprint, status, fence, claims, lease, result, error,
 --  first_seen, updated}; outcome and status are the values of

@@ -1,15 +1,13 @@
 -- Fenced: the holder gives its claim up. The lease ends now rather than
 -- being deleted, so the next claim takes over with fence + 1 and counts
--- towards max_claims.
+-- towards max_claims. Sent after common.lua and fenced.lua.
 -- KEYS[1] the record's hash; ARGV[1] fence, ARGV[2] retention in ms.
 -- Returns 1 when written, 0 when fenced out.
 local key = KEYS[1]
-local status, fence = unpack(redis.call('HMGET', key, 'status', 'fence'))
-if status ~= 'in_progress' or fence ~= ARGV[1] then
+if not owns(key, ARGV[1]) then
   return 0
 end
-local time = redis.call('TIME')
-local now = string.format('%d', tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000))
+local now = int(server_ms())
 redis.call('HSET', key, 'lease', now, 'updated', now)
 redis.call('PEXPIRE', key, ARGV[2])
 return 1

@@ -33,8 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from consumer import PermanentError
-from consumer.handler import Context
+from consumer import Context, PermanentError
 
 LEDGER_ENV = "SEMEL_CHAOS_LEDGER"
 EFFECTS_TABLE = "chaos_effects"  # transactional mode: effects committed with their key

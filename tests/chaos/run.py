@@ -24,7 +24,8 @@ from typing import Any
 
 import aio_pika
 
-from consumer.topology import declare
+from consumer.broker.topology import declare
+from consumer.container import topology_of
 from settings import Settings
 from stores.base import Status, Store
 from tests.chaos.drain import Drain, statuses
@@ -203,7 +204,7 @@ async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Repo
         if config.store == TRANSACTIONAL:
             await create_effects_table(settings.postgres_dsn)
         connection = await aio_pika.connect(node.url)
-        await declare(connection, settings)
+        await declare(connection, topology_of(settings))
         await connection.close()
 
         ledger = workdir / "ledger.db"

@@ -25,10 +25,10 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiormq.exceptions import ChannelNotFoundEntity
 from dependency_injector import providers
 
-from consumer import serve
-from consumer.container import Container
+from consumer.broker.topology import declare, queue_specs
+from consumer.commands.consume import run_consumer
+from consumer.container import Container, topology_of
 from consumer.names import Topology
-from consumer.topology import declare, queue_specs
 from settings import Settings
 from stores.base import Store
 from tests.conftest import settings_env
@@ -108,7 +108,7 @@ class Broker:
 
     async def declare(self, settings: Settings) -> None:
         """Declare the topology as the consumer would, so a test can publish first."""
-        await declare(self.connection, settings)
+        await declare(self.connection, topology_of(settings))
 
     async def depth(self, queue: str) -> int:
         """Ready messages in ``queue`` (a passive declare)."""
@@ -128,7 +128,9 @@ class Broker:
         return count
 
     async def depths(self, settings: Settings) -> dict[str, int]:
-        return {spec.name: await self.depth(spec.name) for spec in queue_specs(settings)}
+        return {
+            spec.name: await self.depth(spec.name) for spec in queue_specs(topology_of(settings))
+        }
 
     async def dead_letters(self, settings: Settings) -> list[DeadLetter]:
         """Take every message out of ``Q.dlq``."""
@@ -146,7 +148,7 @@ class Broker:
     async def delete_topology(self, settings: Settings) -> None:
         channel = await self.connection.channel()
         names = Topology(settings.queue)
-        for spec in queue_specs(settings):
+        for spec in queue_specs(topology_of(settings)):
             await channel.queue_delete(spec.name)
         for exchange in (settings.exchange, names.retry_exchange, names.dead_letter_exchange):
             await channel.exchange_delete(exchange)
@@ -168,7 +170,7 @@ class InProcessConsumer:
         self.task: asyncio.Task[int] | None = None
 
     async def start(self, broker: Broker, settings: Settings) -> InProcessConsumer:
-        self.task = asyncio.create_task(serve.consume(self.container, self.stop))
+        self.task = asyncio.create_task(run_consumer(self.container, self.stop))
 
         # Consuming has started once the work queue has a consumer.
         async def attached() -> bool:

@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 
 import aio_pika
 
-from consumer.topology import queue_specs
+from consumer.broker.topology import queue_specs
+from consumer.container import topology_of
 from settings import Settings
 
 SAMPLE_EVERY = 0.02  # seconds; delay queues hold a message for 0.2 s at the least
@@ -24,7 +25,7 @@ class DepthSampler:
         return self.peak.get(queue, 0)
 
     async def _sample(self, settings: Settings) -> None:
-        names = [spec.name for spec in queue_specs(settings)]
+        names = [spec.name for spec in queue_specs(topology_of(settings))]
         async with await aio_pika.connect(settings.amqp_url) as connection:
             channel = await connection.channel()
             while True:

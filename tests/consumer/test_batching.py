@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from consumer.batching import Batcher
+from consumer.delivery.batching import Batcher
 from stores.base import ClaimRequest
 
 pytestmark = pytest.mark.timeout(10)

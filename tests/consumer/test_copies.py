@@ -11,9 +11,9 @@ from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-from consumer.copies import Facts, bounded, dead_letter_copy, first_seen, retry_copy
-from consumer.decide import DeadLetter, Retry
-from consumer.message import Origin
+from consumer.broker.copies import bounded, dead_letter_copy, retry_copy
+from consumer.delivery.decide import DeadLetter, Retry
+from consumer.delivery.facts import Facts, Origin, first_seen
 from consumer.names import (
     BROKER_HEADERS,
     ERROR_HEADER_LIMIT,
@@ -124,7 +124,7 @@ def test_first_seen_survives_retries() -> None:
 def test_now_iso_is_isoformat_to_the_millisecond() -> None:
     from datetime import UTC, datetime
 
-    from consumer.copies import now_iso
+    from consumer.delivery.facts import now_iso
 
     for _ in range(3):
         before = datetime.now(UTC).replace(microsecond=datetime.now(UTC).microsecond // 1000 * 1000)

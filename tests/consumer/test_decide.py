@@ -8,25 +8,26 @@ from typing import Any
 import pytest
 
 from consumer import PermanentError
-from consumer.decide import (
+from consumer.delivery.decide import (
     MISMATCH_ERROR,
     Ack,
     DeadLetter,
     NackToConflict,
     Retry,
+    RetryPolicy,
     Run,
-    attempt_of,
     decide_after_claim,
     decide_after_failure,
     decide_after_success,
     describe,
 )
-from consumer.handler import HandlerTimeout
+from consumer.delivery.decide import Outcome as Settled
+from consumer.delivery.facts import attempt_of
+from consumer.errors import HandlerTimeout
 from consumer.names import H_ATTEMPTS, Reason
-from settings import Settings
 from stores.base import POISON_ERROR, Claim, Outcome, Record, Status
 
-SETTINGS = Settings(retry_delays=[1, 5, 30], max_attempts=4, metrics_port=0)
+POLICY = RetryPolicy(delays=(1, 5, 30), max_attempts=4)
 
 
 def claim(outcome: Outcome, *, fence: int = 3, error: str | None = None) -> Claim:
@@ -51,11 +52,11 @@ def claim(outcome: Outcome, *, fence: int = 3, error: str | None = None) -> Clai
     ("outcome", "expected"),
     [
         (Outcome.CLAIMED, Run(3)),
-        (Outcome.DUPLICATE, Ack("duplicate")),
-        (Outcome.IN_PROGRESS, NackToConflict("in-progress")),
+        (Outcome.DUPLICATE, Ack(Settled.DUPLICATE)),
+        (Outcome.IN_PROGRESS, NackToConflict(Settled.IN_PROGRESS)),
         (Outcome.MISMATCH, DeadLetter(Reason.PAYLOAD_MISMATCH, MISMATCH_ERROR)),
         (Outcome.POISON, DeadLetter(Reason.POISON, POISON_ERROR)),
-        (Outcome.FAILED, Ack("duplicate-of-failed")),
+        (Outcome.FAILED, Ack(Settled.DUPLICATE_OF_FAILED)),
     ],
 )
 def test_after_claim(outcome: Outcome, expected: object) -> None:
@@ -75,36 +76,36 @@ def test_poison_keeps_the_stores_error() -> None:
 
 def test_retry_tiers_follow_attempts_and_the_last_repeats() -> None:
     error = RuntimeError("db timeout")
-    assert decide_after_failure(error, 1, SETTINGS) == Retry(1, 2, "RuntimeError: db timeout")
-    assert decide_after_failure(error, 2, SETTINGS) == Retry(5, 3, "RuntimeError: db timeout")
-    assert decide_after_failure(error, 3, SETTINGS) == Retry(30, 4, "RuntimeError: db timeout")
+    assert decide_after_failure(error, 1, POLICY) == Retry(1, 2, "RuntimeError: db timeout")
+    assert decide_after_failure(error, 2, POLICY) == Retry(5, 3, "RuntimeError: db timeout")
+    assert decide_after_failure(error, 3, POLICY) == Retry(30, 4, "RuntimeError: db timeout")
 
 
 def test_last_tier_repeats_when_attempts_outnumber_tiers() -> None:
-    settings = Settings(retry_delays=[1, 2], max_attempts=6, metrics_port=0)
-    delays = [decide_after_failure(ValueError(), a, settings) for a in range(1, 6)]
+    policy = RetryPolicy(delays=(1, 2), max_attempts=6)
+    delays = [decide_after_failure(ValueError(), a, policy) for a in range(1, 6)]
     assert [d.delay for d in delays if isinstance(d, Retry)] == [1, 2, 2, 2, 2]
 
 
 def test_no_attempts_left_is_max_attempts() -> None:
-    decision = decide_after_failure(RuntimeError("boom"), 4, SETTINGS)
+    decision = decide_after_failure(RuntimeError("boom"), 4, POLICY)
     assert decision == DeadLetter(Reason.MAX_ATTEMPTS, "RuntimeError: boom")
 
 
 def test_permanent_error_dead_letters_on_first_attempt() -> None:
-    decision = decide_after_failure(PermanentError("card declined"), 1, SETTINGS)
+    decision = decide_after_failure(PermanentError("card declined"), 1, POLICY)
     assert decision == DeadLetter(Reason.PERMANENT_ERROR, "PermanentError: card declined")
 
 
 def test_timeout_is_an_ordinary_failed_attempt() -> None:
-    decision = decide_after_failure(HandlerTimeout("ran longer than 5s"), 1, SETTINGS)
+    decision = decide_after_failure(HandlerTimeout("ran longer than 5s"), 1, POLICY)
     assert isinstance(decision, Retry)
     assert decision.next_attempt == 2
 
 
 def test_after_success() -> None:
-    assert decide_after_success(True) == Ack("completed")
-    assert decide_after_success(False) == NackToConflict("fenced-out")
+    assert decide_after_success(True) == Ack(Settled.COMPLETED)
+    assert decide_after_success(False) == NackToConflict(Settled.FENCED_OUT)
 
 
 @pytest.mark.parametrize(
@@ -128,3 +129,8 @@ def test_attempt_comes_only_from_semels_header(headers: dict[str, Any], attempt:
 def test_describe() -> None:
     assert describe(ValueError("bad")) == "ValueError: bad"
     assert describe(KeyError()) == "KeyError"
+
+
+def test_the_last_retry_tier_repeats() -> None:
+    policy = RetryPolicy(delays=(0.5, 2, 10), max_attempts=9)
+    assert [policy.delay(n) for n in (1, 2, 3, 4, 9)] == [0.5, 2, 10, 10, 10]

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from consumer.message import fingerprint
+from consumer.delivery.message import fingerprint
 from consumer.names import (
     ERROR_HEADER_LIMIT,
     H_ATTEMPTS,

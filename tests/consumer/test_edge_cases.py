@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 
-from consumer.names import H_ATTEMPTS, H_ERROR, Topology
-from consumer.settle import UNCONFIRMED_PAUSE
-from consumer.topology import DLQ_ROUTING_KEY
+from consumer.broker.settle import UNCONFIRMED_PAUSE
+from consumer.names import DLQ_ROUTING_KEY, H_ATTEMPTS, H_ERROR, Topology
 from settings import Settings
 from stores.base import Status, Store
 from tests.consumer.conftest import ConsumerSettings, StartConsumer

@@ -9,15 +9,9 @@ from typing import Any
 
 import pytest
 
-from consumer.handler import (
-    Context,
-    HandlerLoadError,
-    HandlerTimeout,
-    Lease,
-    LeaseLost,
-    load_handler,
-    run_leased,
-)
+from consumer.delivery.handler import Context, load_handler
+from consumer.delivery.lease import Lease, run_leased
+from consumer.errors import HandlerLoadError, HandlerTimeout, LeaseLost
 from stores.base import Store
 from stores.errors import StoreUnavailable
 from tests.conftest import StoreFactory

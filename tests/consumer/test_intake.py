@@ -17,8 +17,9 @@ from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-from consumer.copies import copy_message
-from consumer.intake import AlreadySettled, Inbound, Intake
+from consumer.broker.copies import copy_message
+from consumer.broker.intake import Inbound, Intake
+from consumer.errors import AlreadySettled
 from tests.consumer.harness import eventually
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,16 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumer.message import (
-    BadMessage,
+from consumer.delivery.facts import Origin, origin
+from consumer.delivery.message import (
     KeySource,
-    Origin,
     best_effort_key,
     fingerprint,
-    origin,
     parse,
     parse_body,
 )
+from consumer.errors import BadMessage
 from consumer.names import H_ORIGINAL_EXCHANGE, H_ORIGINAL_ROUTING_KEY, Reason
 
 LIMIT = 1024

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from consumer.message import fingerprint
+from consumer.broker.topology import queue_specs
+from consumer.container import topology_of
+from consumer.delivery.message import fingerprint
 from consumer.names import Topology
-from consumer.topology import queue_specs
 from settings import LogFormat, LogLevel, Settings
 from stores.base import Outcome, Status, Store
 from tests.conftest import settings_env
@@ -168,7 +169,9 @@ def run_consumer(settings: Settings, **env: str) -> subprocess.CompletedProcess[
 async def test_a_queue_declared_differently_stops_start_up_with_exit_2(
     settings: Settings, broker: Broker, queue_suffix: str, argument: str, value: Any
 ) -> None:
-    (spec,) = [s for s in queue_specs(settings) if s.name == settings.queue + queue_suffix]
+    (spec,) = [
+        s for s in queue_specs(topology_of(settings)) if s.name == settings.queue + queue_suffix
+    ]
     arguments = spec.arguments | {argument: value}
     if value == "classic":  # quorum-only arguments would be refused for a classic queue
         arguments = {"x-queue-type": "classic"}

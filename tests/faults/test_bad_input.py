@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from consumer.message import fingerprint
+from consumer.delivery.message import fingerprint
 from consumer.names import H_KEY, H_REASON, Topology
 from settings import Settings
 from stores.base import Status, Store

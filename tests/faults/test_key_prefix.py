@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from consumer.broker.topology import queue_specs
+from consumer.container import topology_of
 from consumer.names import Topology
-from consumer.topology import queue_specs
 from settings import Settings
 from stores.base import Status, Store
 from tests.conftest import open_store
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.timeout(60)
 async def delete_queues(broker: Broker, settings: Settings) -> None:
     channel = await broker.connection.channel()
     names = Topology(settings.queue)
-    for spec in queue_specs(settings):
+    for spec in queue_specs(topology_of(settings)):
         await channel.queue_delete(spec.name)
     for exchange in (names.retry_exchange, names.dead_letter_exchange):
         await channel.exchange_delete(exchange)

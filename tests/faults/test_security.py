@@ -38,7 +38,7 @@ PG_SSL_REQUEST = struct.pack("!ii", 8, 80877103)
 def semel(env: dict[str, str], *args: str, limit: float = 40) -> subprocess.CompletedProcess[str]:
     """``semel ARGS`` as a process; output is stdout and stderr together."""
     return subprocess.run(
-        [sys.executable, "-m", "consumer.cli", *args],
+        [sys.executable, "-m", "consumer.commands.app", *args],
         env=env,
         cwd=ROOT,
         capture_output=True,

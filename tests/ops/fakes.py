@@ -8,9 +8,7 @@ from typing import Any, cast
 
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
-from consumer.copies import Facts
-from consumer.message import Origin
-from consumer.pipeline import Delivery
+from consumer.delivery.facts import Delivery, Facts, Origin
 from stores.base import JSON, Claim, Outcome, Record, Status, Store, StoreConfig
 from stores.errors import StoreUnavailable
 

@@ -11,13 +11,14 @@ import orjson
 import pytest
 from dependency_injector import providers
 
-from consumer import httpd
+from consumer.commands.consume import run_consumer
 from consumer.container import Container
-from consumer.health import Health
-from consumer.httpd import ListenError, open_operations
-from consumer.metered import MeteredStore
-from consumer.metrics import Metrics
-from consumer.serve import EXIT_FAILURE, StartupError, consume
+from consumer.errors import EXIT_FAILURE, ListenError, SemelError
+from consumer.ops import httpd
+from consumer.ops.health import Health
+from consumer.ops.httpd import open_operations
+from consumer.ops.metered import MeteredStore
+from consumer.ops.metrics import Metrics
 from settings import Settings
 from tests.consumer.harness import eventually
 from tests.ops.conftest import http
@@ -29,9 +30,7 @@ pytestmark = pytest.mark.timeout(20)
 
 @contextlib.asynccontextmanager
 async def endpoint(port: int, metrics: Metrics) -> AsyncIterator[Health]:
-    async with contextlib.asynccontextmanager(open_operations)(
-        Settings(metrics_port=port), metrics
-    ) as health:
+    async with contextlib.asynccontextmanager(open_operations)(port, metrics) as health:
         yield health
 
 
@@ -152,7 +151,7 @@ async def test_a_busy_port_stops_start_up_with_one_line_and_exit_1() -> None:
                 pass
         container = Container()
         container.settings.override(providers.Object(Settings(metrics_port=port)))
-        with pytest.raises(StartupError) as stopped:
-            await consume(container, asyncio.Event())
-    assert stopped.value.code == EXIT_FAILURE
+        with pytest.raises(SemelError) as stopped:
+            await run_consumer(container, asyncio.Event())
+    assert stopped.value.exit_code == EXIT_FAILURE
     assert "SEMEL_METRICS_PORT" in str(stopped.value)

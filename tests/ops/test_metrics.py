@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from consumer.metrics import FENCED_OPERATIONS
 from consumer.names import Reason
+from consumer.ops.metrics import FENCED_OPERATIONS
 from stores.base import Store
 from tests.conftest import open_store
 from tests.consumer.conftest import ConsumerSettings, StartConsumer

@@ -10,15 +10,25 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from consumer.decide import Ack, DeadLetter, NackToConflict, Requeue, Retry, Settle
-from consumer.handler import Context, is_async
-from consumer.metered import MeteredStore
-from consumer.metrics import STORE_OPERATIONS, Metrics, MetricsObserver, timed
+from consumer.delivery.decide import (
+    Ack,
+    Applied,
+    DeadLetter,
+    NackToConflict,
+    Requeue,
+    Result,
+    Retry,
+    Settle,
+    is_takeover,
+)
+from consumer.delivery.decide import Outcome as Settled
+from consumer.delivery.handler import Context, is_async
+from consumer.delivery.observe import Observer
 from consumer.names import Reason
-from consumer.observe import Observer, Result, is_takeover, result_of
-from consumer.settle import COPY_UNCONFIRMED
-from consumer.spans import SpanObserver
-from consumer.tracing import traced
+from consumer.ops.metered import MeteredStore
+from consumer.ops.metrics import STORE_OPERATIONS, Metrics, MetricsObserver, timed
+from consumer.ops.spans import SpanObserver
+from consumer.ops.tracing import traced
 from stores.base import Outcome
 from stores.errors import StoreUnavailable
 from tests.ops.fakes import ScriptedStore, claim, delivery, message
@@ -32,23 +42,28 @@ RETRY = Retry(delay=1.0, next_attempt=2, error="RuntimeError: boom")
 @pytest.mark.parametrize(
     ("decision", "applied", "expected"),
     [
-        (Ack("completed"), "completed", Result.PROCESSED),
-        (Ack("completed"), "completed-ack-lost", Result.PROCESSED),
-        (Ack("duplicate"), "duplicate", Result.DUPLICATE),
-        (Ack("duplicate-of-failed"), "duplicate-of-failed", Result.DUPLICATE),
-        (NackToConflict("in-progress"), "in-progress", Result.CONFLICT),
-        (NackToConflict("fenced-out"), "fenced-out", Result.CONFLICT),
-        (RETRY, "retry", Result.RETRIED),
-        (RETRY, COPY_UNCONFIRMED, Result.REQUEUED),
-        (DEAD, "dead-letter", Result.DEAD_LETTERED),
-        (DEAD, COPY_UNCONFIRMED, Result.REQUEUED),
-        (Requeue("store down"), "store-unavailable", Result.REQUEUED),
+        (Ack(Settled.COMPLETED), Applied(Settled.COMPLETED), Result.PROCESSED),
+        (Ack(Settled.COMPLETED), Applied(Settled.COMPLETED, sent=False), Result.PROCESSED),
+        (Ack(Settled.DUPLICATE), Applied(Settled.DUPLICATE), Result.DUPLICATE),
+        (Ack(Settled.DUPLICATE_OF_FAILED), Applied(Settled.DUPLICATE_OF_FAILED), Result.DUPLICATE),
+        (
+            NackToConflict(Settled.IN_PROGRESS),
+            Applied(Settled.IN_PROGRESS, "nack"),
+            Result.CONFLICT,
+        ),
+        (NackToConflict(Settled.FENCED_OUT), Applied(Settled.FENCED_OUT, "nack"), Result.CONFLICT),
+        (RETRY, Applied(Settled.RETRY), Result.RETRIED),
+        (RETRY, Applied(Settled.COPY_UNCONFIRMED, "nack"), Result.REQUEUED),
+        (DEAD, Applied(Settled.DEAD_LETTER), Result.DEAD_LETTERED),
+        (DEAD, Applied(Settled.COPY_UNCONFIRMED, "nack"), Result.REQUEUED),
+        (Requeue("store down"), Applied(Settled.STORE_UNAVAILABLE, "nack"), Result.REQUEUED),
     ],
 )
 def test_every_decision_sorts_into_one_outcome(
-    decision: Settle, applied: str, expected: Result
+    decision: Settle, applied: Applied, expected: Result
 ) -> None:
-    assert result_of(decision, applied) is expected
+    assert applied.outcome in (decision.outcome, Settled.COPY_UNCONFIRMED)
+    assert applied.result is expected
 
 
 @pytest.mark.parametrize(
@@ -91,9 +106,9 @@ async def test_the_metrics_observer_counts_outcomes_in_flight_and_failures() -> 
     with observer.delivery(message()):
         assert value("semel_deliveries_in_flight") == 1
         observer.claimed(claim(claims=2), attempt=1)
-        observer.settled(delivery(), DEAD, "dead-letter")
+        observer.settled(delivery(), DEAD, Applied(Settled.DEAD_LETTER))
     with observer.delivery(message()):
-        observer.settled(delivery(), Ack("completed"), "completed")
+        observer.settled(delivery(), Ack(Settled.COMPLETED), Applied(Settled.COMPLETED))
     with pytest.raises(RuntimeError), observer.delivery(message()):
         raise RuntimeError("a bug in the pipeline")
     with pytest.raises(asyncio.CancelledError), observer.delivery(message()):
@@ -172,7 +187,7 @@ def test_a_span_continues_a_traceparent_header_sent_as_bytes() -> None:
     trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     headers = {"traceparent": f"00-{trace_id}-{parent_id}-01".encode()}
     with observer.delivery(message(headers=headers)):
-        observer.settled(delivery(fence=None), RETRY, "retry")
+        observer.settled(delivery(fence=None), RETRY, Applied(Settled.RETRY))
     (span,) = exporter.get_finished_spans()
     assert span.parent is not None
     assert f"{span.parent.trace_id:032x}" == trace_id

@@ -54,7 +54,6 @@ def test_lists_are_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:
     s = load_settings()
     assert s.binding_keys == ["order.*", "invoice.#"]
     assert s.retry_delays == [0.5, 2, 10]
-    assert [s.retry_delay(n) for n in (1, 2, 3, 4, 9)] == [0.5, 2, 10, 10, 10]
 
 
 @pytest.mark.parametrize(
@@ -146,7 +145,7 @@ def test_cli_bad_setting_exits_2_with_one_line() -> None:
         "SEMEL_STORE": "postgres",
     }
     proc = subprocess.run(
-        [sys.executable, "-m", "consumer.cli", "migrate"],
+        [sys.executable, "-m", "consumer.commands.app", "migrate"],
         env=env,
         capture_output=True,
         text=True,

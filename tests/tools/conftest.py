@@ -16,8 +16,9 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from typer.testing import CliRunner
 
-from consumer import topology
-from consumer.cli import app
+from consumer.broker import topology
+from consumer.commands.app import app
+from consumer.container import topology_of
 from consumer.names import Topology
 from settings import Settings
 from tests.conftest import SettingsFactory, settings_env
@@ -43,7 +44,7 @@ async def connection(settings: Settings) -> AsyncIterator[AbstractConnection]:
         yield conn
         channel = await conn.channel()
         names = Topology(settings.queue)
-        for spec in topology.queue_specs(settings):
+        for spec in topology.queue_specs(topology_of(settings)):
             await channel.queue_delete(spec.name)
         for exchange in (settings.exchange, names.retry_exchange, names.dead_letter_exchange):
             await channel.exchange_delete(exchange)
@@ -80,7 +81,7 @@ async def semel(settings: Settings, *args: str) -> Outcome:
 def semel_process(settings: Settings, *args: str) -> Outcome:
     """Run ``semel`` as a separate process, the way an operator does."""
     proc = subprocess.run(
-        [sys.executable, "-m", "consumer.cli", *args],
+        [sys.executable, "-m", "consumer.commands.app", *args],
         env=settings_env(settings),
         capture_output=True,
         text=True,

@@ -13,7 +13,10 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiormq.exceptions import DeliveryError
 
-from consumer import dlq, names, topology
+from consumer import names
+from consumer.broker import dead_letters as dlq
+from consumer.broker import topology
+from consumer.container import topology_of
 from consumer.names import Reason, Topology
 from settings import Settings
 from stores.base import Outcome, Store
@@ -69,12 +72,12 @@ async def dead_letter(
         },
     )
     dlx = await channel.get_exchange(Topology(settings.queue).dead_letter_exchange)
-    await dlx.publish(message, topology.DLQ_ROUTING_KEY, mandatory=True)
+    await dlx.publish(message, names.DLQ_ROUTING_KEY, mandatory=True)
 
 
 @pytest.fixture
 async def declared(connection: AbstractConnection, settings: Settings) -> None:
-    await topology.declare(connection, settings)
+    await topology.declare(connection, topology_of(settings))
 
 
 async def failed_key(store: Store, key: str) -> None:
@@ -317,7 +320,7 @@ async def test_store_trouble_midway_leaves_the_rest_in_the_dlq(
 
     replaying = await connection.channel(publisher_confirms=True, on_return_raises=True)
     with pytest.raises(StoreUnavailable):
-        await dlq.replay(replaying, settings, dlq.Selection(everything=True), reset)
+        await dlq.replay(replaying, Topology(settings.queue), dlq.Selection(everything=True), reset)
     await wait_for_depth(channel, settings.queue, 1)  # the first one, confirmed before the outage
     await wait_for_depth(channel, dlq_name, 2)
     assert sorted(header(m, names.H_KEY) for m in await drain(channel, dlq_name)) == ["s-2", "s-3"]

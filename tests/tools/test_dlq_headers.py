@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from consumer import names
-from consumer.dlq import DeadLetter, Selection, parse_instant, replay_headers
+from consumer.broker.dead_letters import DlqEntry, Selection, parse_instant, replay_headers
 from consumer.names import Reason
 
 INSTANT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -57,8 +57,8 @@ def test_parse_instant_gives_up_quietly(value: object) -> None:
     assert parse_instant(value) is None
 
 
-def _letter(key: str | None, reason: str | None) -> DeadLetter:
-    return DeadLetter(reason, key, 1, None, INSTANT, "order.paid", None)
+def _letter(key: str | None, reason: str | None) -> DlqEntry:
+    return DlqEntry(reason, key, 1, None, INSTANT, "order.paid", None)
 
 
 def test_selection() -> None:
@@ -78,6 +78,6 @@ def test_age_and_json() -> None:
     assert letter.age(later) == timedelta(seconds=90)
     assert letter.as_json(later)["age_seconds"] == 90.0
     assert _letter("k", None).as_json(later)["reason"] is None
-    no_time = DeadLetter(None, None, None, None, None, None, None)
+    no_time = DlqEntry(None, None, None, None, None, None, None)
     assert no_time.age(later) is None
     assert no_time.as_json(later)["dead_lettered_at"] is None

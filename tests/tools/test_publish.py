@@ -10,8 +10,9 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel
 
-from consumer.message import BadMessage, KeySource, parse
-from consumer.publish import EXPECTED_REASON, BadKind
+from consumer.commands.bad_inputs import EXPECTED_REASON, BadKind
+from consumer.delivery.message import KeySource, parse
+from consumer.errors import BadMessage
 from settings import Settings
 from tests.tools.conftest import drain, header, semel, semel_process, wait_for_depth
 

@@ -32,8 +32,8 @@ import psycopg
 from psycopg import sql
 
 from consumer import PermanentError
-from consumer.outbox import Relay
 from consumer.transactional import TransactionalContext
+from consumer.transactional.relay import Relay
 from stores.base import JSON
 from stores.postgres_tx import TransactionalStore
 from tests.consumer.handlers import ALLOW_DIE_ENV

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from psycopg import AsyncConnection, sql
 
-from consumer.message import fingerprint
+from consumer.delivery.message import fingerprint
+from consumer.errors import SemelError
 from consumer.names import Topology
-from consumer.serve import StartupError
 from settings import ConfigError, load_settings
 from stores.base import Status, Store
 from tests.conftest import SettingsFactory, open_store
@@ -95,9 +95,9 @@ async def test_a_plain_function_handler_is_refused_at_start_up(
 ) -> None:
     settings = consumer_settings_tx(handler="tests.transactional.handlers:plain")
     consumer = InProcessConsumer(settings)
-    with pytest.raises(StartupError) as info:
+    with pytest.raises(SemelError) as info:
         await consumer.start(broker, settings)
-    assert info.value.code == 2
+    assert info.value.exit_code == 2
     assert str(info.value) == "SEMEL_TRANSACTIONAL: the handler must be an async function"
 
 
@@ -106,9 +106,9 @@ async def test_a_missing_outbox_table_is_reported_at_start_up(
 ) -> None:
     settings = consumer_settings_tx(outbox_table="t_never_migrated_outbox")
     consumer = InProcessConsumer(settings)
-    with pytest.raises(StartupError) as info:
+    with pytest.raises(SemelError) as info:
         await consumer.start(broker, settings)
-    assert info.value.code == 1
+    assert info.value.exit_code == 2
     assert "semel migrate" in str(info.value)
     assert await broker.depth(Topology(settings.queue).dead_letter_queue) == 0
 

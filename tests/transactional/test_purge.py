@@ -8,7 +8,7 @@ import orjson
 import pytest
 from psycopg import AsyncConnection, sql
 
-from consumer.purge import purge
+from consumer.runtime.purge import purge
 from settings import Settings
 from stores.postgres_tx import TransactionalStore
 from tests.conftest import SettingsFactory, StoreFactory

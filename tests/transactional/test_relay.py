@@ -15,7 +15,8 @@ import pytest
 from aio_pika.abc import AbstractChannel
 from psycopg import AsyncConnection
 
-from consumer.outbox import IDEMPOTENCY_HEADER, Relay
+from consumer.names import IDEMPOTENCY_HEADER
+from consumer.transactional.relay import Relay
 from stores.base import JSON
 from stores.outbox import Outbox, OutboxMessage
 from stores.postgres_tx import TransactionalStore

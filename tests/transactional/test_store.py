@@ -13,10 +13,10 @@ import pytest
 from psycopg import AsyncConnection, sql
 
 from stores.base import JSON, Outcome, Status
-from stores.errors import StoreUnavailable
+from stores.errors import FencedOut, StoreUnavailable
 from stores.outbox import Outbox
 from stores.outbox import schema as outbox_schema
-from stores.postgres_tx import FencedOut, TransactionalStore, Work
+from stores.postgres_tx import TransactionalStore, Work
 from tests.conftest import SettingsFactory, StoreFactory, open_store
 from tests.stores.test_postgres import statements
 from tests.transactional.conftest import rows

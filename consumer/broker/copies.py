@@ -1,0 +1,85 @@
+"""The messages semel re-publishes: retry copies and dead letters.
+
+Pure builders: an incoming delivery and a decision in, an ``aio_pika.Message``
+out. A copy keeps the producer's body and properties; it loses what the
+broker wrote (``x-death`` and friends) so attempts are never counted from
+broker headers, and it gains semel's own headers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import aio_pika
+
+from consumer.delivery.decide import DeadLetter, Retry
+from consumer.delivery.facts import Facts, now_iso
+from consumer.delivery.message import Incoming
+from consumer.names import (
+    BROKER_HEADERS,
+    ERROR_HEADER_LIMIT,
+    H_ATTEMPTS,
+    H_DEAD_LETTERED_AT,
+    H_ERROR,
+    H_FIRST_SEEN,
+    H_KEY,
+    H_ORIGINAL_EXCHANGE,
+    H_ORIGINAL_ROUTING_KEY,
+    H_REASON,
+)
+
+
+def bounded(text: str, limit: int = ERROR_HEADER_LIMIT) -> str:
+    """At most ``limit`` UTF-8 bytes, never cutting a character in half."""
+    return text.encode("utf-8")[:limit].decode("utf-8", "ignore")
+
+
+def carried_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in headers.items() if name not in BROKER_HEADERS}
+
+
+def copy_message(message: Incoming, headers: dict[str, Any]) -> aio_pika.Message:
+    """A persistent copy of ``message`` with ``headers`` and its other properties."""
+    # expiration is dropped: a per-message TTL would let a waiting retry or a
+    # dead letter vanish. user_id is dropped: the broker refuses a user_id
+    # other than the publishing connection's.
+    return aio_pika.Message(
+        body=message.body,
+        headers=headers,
+        content_type=message.content_type,
+        content_encoding=message.content_encoding,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        priority=message.priority,
+        correlation_id=message.correlation_id,
+        reply_to=message.reply_to,
+        message_id=message.message_id,
+        timestamp=message.timestamp,
+        type=message.type,
+        app_id=message.app_id,
+    )
+
+
+def _semel_headers(facts: Facts, attempts: int) -> dict[str, Any]:
+    return {
+        H_ATTEMPTS: attempts,
+        H_FIRST_SEEN: facts.first_seen,
+        H_ORIGINAL_EXCHANGE: facts.origin.exchange,
+        H_ORIGINAL_ROUTING_KEY: facts.origin.routing_key,
+    }
+
+
+def retry_copy(message: Incoming, facts: Facts, decision: Retry) -> aio_pika.Message:
+    headers = carried_headers(message.headers) | _semel_headers(facts, decision.next_attempt)
+    return copy_message(message, headers)
+
+
+def dead_letter_copy(message: Incoming, facts: Facts, decision: DeadLetter) -> aio_pika.Message:
+    headers = carried_headers(message.headers) | _semel_headers(facts, facts.attempt)
+    headers |= {
+        H_REASON: decision.reason.value,
+        H_ERROR: bounded(decision.error),
+        H_KEY: facts.key or "",
+        H_DEAD_LETTERED_AT: now_iso(),
+    }
+    return copy_message(message, headers)

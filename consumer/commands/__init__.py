@@ -1,0 +1,1 @@
+"""The ``semel`` command line: one module per command group, wired in ``app``."""

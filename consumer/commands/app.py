@@ -1,0 +1,34 @@
+"""The ``semel`` command line: the typer application, its command groups, its entry point.
+
+Each group lives in a module of its own and adds itself with ``register(app)``:
+:mod:`~consumer.commands.consume`, :mod:`~consumer.commands.store` (migrate,
+inspect, purge), :mod:`~consumer.commands.publish` and
+:mod:`~consumer.commands.dlq`. Exit codes: 0 success, 2 bad usage or
+configuration, 1 anything else (:mod:`consumer.errors`).
+"""
+
+from __future__ import annotations
+
+import typer
+
+from consumer.commands import consume, dlq, publish, store
+
+app = typer.Typer(
+    name="semel",
+    help="Run a RabbitMQ handler effectively once per idempotency key.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+for group in (store, consume, publish, dlq):
+    group.register(app)
+
+
+def main() -> None:
+    """Entry point of the ``semel`` script."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""``semel consume``: build the worker from the container and run it until told to stop.
+
+This is the Procfile's worker. It opens what the worker needs in an order that
+fails early (the health endpoint, the handler, the store, then the broker),
+and runs on uvloop where it is installed: the worker spends much of each
+delivery in the event loop's own machinery (transports, callbacks), which
+uvloop does in C. Start-up problems end the process with one line and the
+exit code their error class carries (:mod:`consumer.errors`): a bad setting,
+handler or topology is the operator's to fix (2); a store or broker that
+cannot be reached is worth a restart by the supervisor (1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+import typer
+from aiormq.exceptions import AMQPError
+
+from consumer.broker.topology import declare
+from consumer.commands.common import fail
+from consumer.container import Container, shutdown
+from consumer.errors import BrokerUnavailable, SemelError
+from consumer.ops.health import Health
+from consumer.ops.logs import configure
+from consumer.runtime.worker import Worker
+
+LOOP_FACTORY: Callable[[], asyncio.AbstractEventLoop] | None = None
+try:
+    import uvloop
+
+    LOOP_FACTORY = uvloop.new_event_loop
+except ImportError:  # e.g. Windows: asyncio's own loop
+    pass
+
+log = structlog.get_logger("semel.consume")
+
+
+async def run_consumer(
+    container: Container | None = None, stop: asyncio.Event | None = None
+) -> int:
+    """Run the consumer until ``stop`` (default: SIGTERM / SIGINT); returns the exit code.
+
+    Raises a :class:`consumer.errors.SemelError` when start-up fails.
+    """
+    container = container or Container()
+    configure(container.logs())  # a bad setting fails here, before anything opens
+    try:
+        # Served first, so /healthz answers while the store and the broker are awaited.
+        health: Health = await container.health.async_()
+        container.handler()  # a handler that cannot load stops us before any connection
+        # Opened before the broker, so a store error stops start-up early. A
+        # test's Object override is not awaitable; the backend Resource is.
+        store = container.store()
+        if inspect.isawaitable(store):
+            await store
+        metered: Any = container.metered_store()  # awaitable unless a test overrode the store
+        if inspect.isawaitable(metered):
+            metered = await metered
+        health.watch_store(metered)
+        connection = await container.connection.async_()
+        health.watch_broker(connection)
+        container.metrics().count_reconnects(connection)
+        await declare(connection, container.topology())
+        worker: Worker = await container.worker.async_()
+        return await worker.run(stop or stop_on_signals())
+    except AMQPError as exc:
+        raise BrokerUnavailable(str(exc) or type(exc).__name__) from None
+    finally:
+        await shutdown(container)
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event set by the first SIGTERM or SIGINT."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def request_stop(signum: signal.Signals) -> None:
+        if not stop.is_set():
+            log.info("stop requested", signal=signum.name)
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, request_stop, signum)
+    return stop
+
+
+def consume_command() -> None:
+    """Run the consumer until SIGTERM / SIGINT (the Procfile's worker)."""
+    try:
+        with asyncio.Runner(loop_factory=LOOP_FACTORY) as runner:
+            code = runner.run(run_consumer())
+    except SemelError as exc:
+        fail(str(exc) or type(exc).__name__, exc.exit_code)
+    raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``consume`` to the ``semel`` application."""
+    app.command("consume")(consume_command)

@@ -1,0 +1,148 @@
+"""Claims and completions of concurrent deliveries, sent to the store in batches.
+
+With ``SEMEL_PREFETCH`` deliveries in flight, one store round trip per claim
+and one per completion is what limits a worker: the client's per-call
+machinery and the network wait dominate, not the store's work. A
+:class:`Batcher` collects the calls made during one turn of the event loop
+and hands them to the store as one ``claim_many`` / ``complete_many``; while
+a batch is out, the next one fills up, so batches grow with the load and a
+lone message still goes out at once (one loop turn later).
+
+Each key is still decided atomically by the store, on its own; a batch only
+shares the trip. Two calls for the same key never share a batch: the second
+waits for the next one, so it sees the first one's outcome exactly as it
+would have one call at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
+
+from stores.base import JSON, Claim, ClaimRequest, Completion, DelegatingStore, Store
+
+Request = TypeVar("Request", ClaimRequest, Completion)
+Answer = TypeVar("Answer")
+
+MAX_BATCH = 256  # one prefetch window: a batch never waits for more than is in flight
+BATCHES_IN_FLIGHT = 1  # while one is out the next fills: fewer, larger trips
+
+
+class Batcher(Generic[Request, Answer]):
+    """Groups the requests of one loop turn into one call of ``send``."""
+
+    def __init__(
+        self,
+        send: Callable[[Sequence[Request]], Awaitable[list[Answer]]],
+        *,
+        max_batch: int = MAX_BATCH,
+        in_flight: int = BATCHES_IN_FLIGHT,
+    ) -> None:
+        self._send: Callable[[Sequence[Request]], Awaitable[list[Answer]]] = send
+        self._max_batch = max_batch
+        self._max_in_flight = in_flight
+        self._pending: list[tuple[Request, asyncio.Future[Answer]]] = []
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._scheduled = False
+
+    async def submit(self, request: Request) -> Answer:
+        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        self._pending.append((request, future))
+        self._schedule()
+        return await future
+
+    def _schedule(self) -> None:
+        if self._scheduled or len(self._in_flight) >= self._max_in_flight or not self._pending:
+            return
+        # call_soon runs after every task already woken in this turn has had
+        # its chance to submit: that is what fills a batch.
+        self._scheduled = True
+        asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        batch: list[tuple[Request, asyncio.Future[Answer]]] = []
+        keys: set[str] = set()
+        later = []
+        for request, future in self._pending:
+            if future.done():  # its caller was cancelled before it was sent
+                continue
+            if request.key in keys or len(batch) >= self._max_batch:
+                later.append((request, future))
+                continue
+            keys.add(request.key)
+            batch.append((request, future))
+        self._pending = later
+        if batch:
+            task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._in_flight.add(task)
+            task.add_done_callback(self._sent)
+        self._schedule()
+
+    async def _run(self, batch: list[tuple[Request, asyncio.Future[Answer]]]) -> None:
+        try:
+            answers = await self._send([request for request, _ in batch])
+        except asyncio.CancelledError:
+            for _, future in batch:
+                future.cancel()
+            raise
+        except Exception as exc:  # every caller of the batch gets the failure
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (_, future), answer in zip(batch, answers, strict=True):
+            if not future.done():
+                future.set_result(answer)
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        self._in_flight.discard(task)
+        self._schedule()
+
+
+def batched(store: Store) -> Store:
+    """``store`` behind a :class:`BatchingStore` when it decides a batch in fewer
+    trips than one call per key; as it is otherwise (nothing to gain by waiting)."""
+    return (
+        BatchingStore(store) if _claims_in_batches(store) or _completes_in_batches(store) else store
+    )
+
+
+def _claims_in_batches(store: Store) -> bool:
+    return type(store).claim_many is not Store.claim_many
+
+
+def _completes_in_batches(store: Store) -> bool:
+    return type(store).complete_many is not Store.complete_many
+
+
+class BatchingStore(DelegatingStore):
+    """Wraps ``inner``: claims and completions go out in batches, the rest as is."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        # A store that batches only one of the two keeps single calls for the other.
+        self._claims: Batcher[ClaimRequest, Claim] | None = (
+            Batcher(inner.claim_many) if _claims_in_batches(inner) else None
+        )
+        self._completions: Batcher[Completion, bool] | None = (
+            Batcher(inner.complete_many) if _completes_in_batches(inner) else None
+        )
+
+    async def claim(self, key: str, fingerprint: str) -> Claim:
+        if self._claims is None:
+            return await self.inner.claim(key, fingerprint)
+        return await self._claims.submit(ClaimRequest(key, fingerprint))
+
+    async def complete(self, key: str, fence: int, result: JSON) -> bool:
+        if self._completions is None:
+            return await self.inner.complete(key, fence, result)
+        # Encoded before it joins a batch, so a refused result fails its own caller only.
+        completion = Completion(key, fence, self.inner.encode_result(result))
+        return await self._completions.submit(completion)
+
+    async def complete_encoded(self, completion: Completion) -> bool:
+        if self._completions is None:
+            return await self.inner.complete_encoded(completion)
+        return await self._completions.submit(completion)

@@ -1,0 +1,100 @@
+"""The user's handler: loading it, the context it gets, and calling it.
+
+An async handler is awaited on the event loop; a plain one runs on a thread
+of its own (see :func:`invoke`). Running it under a lease is
+:mod:`consumer.delivery.lease`'s business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import importlib
+import inspect
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from consumer.errors import HandlerLoadError
+
+Handler = Callable[["Context"], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What a handler is called with."""
+
+    key: str
+    body: dict[str, Any]
+    headers: Mapping[str, Any]
+    routing_key: str
+    message_id: str | None
+    attempt: int  # 1-based
+    fence: int  # grows with every claim of the key; hand it to fenced downstream writes
+
+
+def load_handler(spec: str) -> Handler:
+    """Import ``package.module:callable``."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise HandlerLoadError(f"SEMEL_HANDLER: {spec!r} is not 'package.module:callable'")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as exc:  # any import-time error is the handler's, reported in one line
+        raise HandlerLoadError(f"SEMEL_HANDLER: cannot import {module_name!r}: {exc}") from None
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise HandlerLoadError(
+                f"SEMEL_HANDLER: {module_name!r} has no attribute {attribute!r}"
+            ) from None
+    if not callable(target):
+        raise HandlerLoadError(f"SEMEL_HANDLER: {spec!r} is not callable")
+    handler: Handler = target
+    return handler
+
+
+def is_async(handler: Handler) -> bool:
+    call = getattr(handler, "__call__", None)  # noqa: B004 - callable objects with async __call__
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
+
+
+async def invoke(handler: Handler, context: Context) -> Any:
+    """Await an async handler; run a plain one on its own thread."""
+    if is_async(handler):
+        return await handler(context)
+    return await _in_daemon_thread(handler, context)
+
+
+async def _in_daemon_thread(handler: Handler, context: Context) -> Any:
+    # Not asyncio.to_thread: its executor threads are joined at interpreter
+    # exit, so one stuck handler would keep a stopping worker alive forever.
+    # A daemon thread is abandoned at exit instead; its claim is released and
+    # its fence keeps any late write out.
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    variables = contextvars.copy_context()
+
+    def deliver(setter: Callable[[Any], None], value: Any) -> None:
+        if not future.done():
+            setter(value)
+
+    def target() -> None:
+        try:
+            result = variables.run(handler, context)
+        except BaseException as exc:  # handed to the awaiting coroutine, whatever it is
+            outcome: tuple[Callable[[Any], None], Any] = (future.set_exception, exc)
+        else:
+            outcome = (future.set_result, result)
+        # RuntimeError: the loop closed while the handler ran; nobody is waiting.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(deliver, *outcome)
+
+    threading.Thread(target=target, name="semel-handler", daemon=True).start()
+    result = await future
+    if inspect.isawaitable(result):  # a plain function that returned a coroutine
+        result = await result
+    return result

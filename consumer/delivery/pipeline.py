@@ -1,0 +1,281 @@
+"""One delivery, start to end: parse -> key -> claim -> run -> record -> settle.
+
+:meth:`Pipeline.handle` reads as that sequence; each step is a small method.
+Every store write after a claim is fenced by it, and every decision is a value
+(:mod:`consumer.delivery.decide`) handed to a :class:`Settler`, the broker's
+side, which never calls back. A store that cannot be reached never sends a
+message to the DLQ: the delivery is handed back (``Requeue``) and the worker
+pauses until the store answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import orjson
+import structlog
+
+from consumer.backoff import Backoff
+from consumer.delivery.decide import (
+    SHUTDOWN,
+    Ack,
+    Applied,
+    Copied,
+    DeadLetter,
+    NackToConflict,
+    Outcome,
+    Requeue,
+    Retry,
+    RetryPolicy,
+    Run,
+    Settle,
+    decide_after_claim,
+    decide_after_failure,
+    decide_after_success,
+    describe,
+)
+from consumer.delivery.facts import Delivery, Facts, gather
+from consumer.delivery.handler import Context, Handler
+from consumer.delivery.lease import Lease, run_leased
+from consumer.delivery.message import Incoming, MessageRules, Parsed, best_effort_key, parse
+from consumer.delivery.observe import Observer
+from consumer.errors import BadMessage, LeaseLost
+from consumer.names import Reason
+from stores.base import Store
+from stores.errors import ResultTooLarge, StoreUnavailable
+
+T = TypeVar("T")
+log = structlog.get_logger("semel.pipeline")
+
+WRITE_BACKOFF = (0.05, 1.0)  # first and longest pause between store-write retries
+_RELEASE_WAIT = 5.0  # seconds a cut-short delivery waits to release its claim
+
+
+class Settler(Protocol):
+    """The broker's side of settling, implemented by :class:`consumer.broker.settle.Settler`."""
+
+    async def copy(self, message: Incoming, decision: Copied, facts: Facts) -> bool:
+        """Publish the retry copy or dead letter; ``True`` once the broker confirmed it."""
+
+    async def finish(self, message: Incoming, decision: Settle) -> Applied:
+        """Ack or nack ``message`` as ``decision`` says (a copied one: ack)."""
+
+    async def give_back(self, message: Incoming) -> Applied:
+        """Hand ``message`` back: its copy was not confirmed."""
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    """The values one delivery is processed with."""
+
+    queue: str
+    rules: MessageRules
+    lock_ttl: float
+    handler_timeout: float
+    retry: RetryPolicy
+    log_acks: bool = False  # an ACKed delivery's line is at debug: below that, not even built
+
+
+class Pipeline:
+    """Processes deliveries of the work queue; safe to run concurrently."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        handler: Handler,
+        settler: Settler,
+        config: PipelineConfig,
+        observer: Observer | None = None,
+    ) -> None:
+        self._store = store
+        self._handler = handler
+        self._settler = settler
+        self._config = config
+        self._observer = observer or Observer()
+
+    async def handle(self, message: Incoming) -> Settle:
+        """Process and settle ``message``; returns the decision applied."""
+        with self._observer.delivery(message):
+            delivery, parsed = self._read(message)
+            if isinstance(parsed, BadMessage):
+                return await self._settle(delivery, DeadLetter(parsed.reason, str(parsed)))
+            step = await self._claim(delivery, parsed)
+            if not isinstance(step, Lease):
+                return await self._settle(delivery, step)
+            decision = await self._run(delivery, parsed, step)
+            return await self._settle(delivery, decision, lease=step)
+
+    def _read(self, message: Incoming) -> tuple[Delivery, Parsed | BadMessage]:
+        """Parse the body and find the key; the facts of the delivery either way."""
+        started = time.monotonic()
+        headers = dict(message.headers)  # the one copy; the handler's context gets it too
+        rules = self._config.rules
+        parsed: Parsed | BadMessage
+        key: str | None
+        try:
+            parsed = parse(
+                message.body,
+                message.content_type,
+                headers,
+                message.message_id,
+                source=rules.source,
+                limit=rules.max_body_bytes,
+            )
+            key = parsed.key
+        except BadMessage as bad:
+            parsed, key = bad, best_effort_key(headers, message.message_id, rules.source)
+        facts = gather(
+            headers, message.exchange or "", message.routing_key or "", self._config.queue, key
+        )
+        return Delivery(message, facts, headers, started), parsed
+
+    async def _claim(self, delivery: Delivery, parsed: Parsed) -> Settle | Lease:
+        """Claim the key: a lease to run under, or what to do instead."""
+        claimed_at = time.monotonic()
+        try:
+            claim = await self._store.claim(parsed.key, parsed.fingerprint)
+        except StoreUnavailable as exc:
+            return Requeue(describe(exc))
+        delivery.fence = claim.fence
+        self._observer.claimed(claim, delivery.facts.attempt)
+        step = decide_after_claim(claim)
+        if isinstance(step, Run):
+            return Lease(parsed.key, step.fence, self._config.lock_ttl, renewed_at=claimed_at)
+        return step
+
+    async def _run(self, delivery: Delivery, parsed: Parsed, lease: Lease) -> Settle:
+        """Run the handler under ``lease``, then record what it did; the decision to settle."""
+        context = Context(
+            key=parsed.key,
+            body=parsed.body,
+            headers=delivery.headers,
+            routing_key=delivery.facts.origin.routing_key,
+            message_id=delivery.message.message_id,
+            attempt=delivery.facts.attempt,
+            fence=lease.fence,
+        )
+        try:
+            result = await run_leased(
+                self._handler, context, self._store, lease, self._config.handler_timeout
+            )
+        except asyncio.CancelledError:
+            await self._cut_short(delivery, lease)
+            raise
+        except LeaseLost:
+            # Release nothing: the key belongs to the worker that took it over.
+            return NackToConflict(Outcome.LEASE_LOST)
+        except StoreUnavailable as exc:
+            return Requeue(describe(exc))
+        except Exception as exc:  # the handler failed (or timed out): retry or dead-letter
+            return await self._record_failure(delivery, lease, exc)
+        return await self._record_success(lease, result)
+
+    async def _record_success(self, lease: Lease, result: Any) -> Settle:
+        try:
+            stored = await self._write(
+                lease,
+                lambda: self._store.complete(lease.key, lease.fence, result),
+                past_lease=True,
+            )
+        except orjson.JSONEncodeError as exc:
+            # Every store encodes the result before writing anything. Running
+            # the handler again would return the same thing.
+            return DeadLetter(Reason.PERMANENT_ERROR, f"result is not JSON: {exc}")
+        except ResultTooLarge as exc:
+            return DeadLetter(Reason.PERMANENT_ERROR, describe(exc))
+        return decide_after_success(stored)
+
+    async def _record_failure(self, delivery: Delivery, lease: Lease, exc: Exception) -> Settle:
+        decision = decide_after_failure(exc, delivery.facts.attempt, self._config.retry)
+        if isinstance(decision, DeadLetter):
+            return decision  # the key is marked failed once its dead letter is confirmed
+        try:
+            released = await self._write(lease, lambda: self._store.release(lease.key, lease.fence))
+        except StoreUnavailable as store_exc:
+            return Requeue(describe(store_exc))
+        # Not released: the claim was taken over meanwhile and the new owner decides.
+        return decision if released else NackToConflict(Outcome.FENCED_OUT, error=decision.error)
+
+    async def _settle(
+        self, delivery: Delivery, decision: Settle, *, lease: Lease | None = None
+    ) -> Settle:
+        """Apply ``decision``: the copy first, if any, then the ack or nack.
+
+        A dead letter of a key this worker claimed marks the key failed between
+        the broker's confirm and the ACK, so a key is never failed without its
+        dead letter.
+        """
+        message = delivery.message
+        if isinstance(decision, Retry | DeadLetter):
+            if not await self._settler.copy(message, decision, delivery.facts):
+                return self._report(delivery, decision, await self._settler.give_back(message))
+            if lease is not None and isinstance(decision, DeadLetter):
+                await self._mark_failed(lease, decision)
+        return self._report(delivery, decision, await self._settler.finish(message, decision))
+
+    async def _mark_failed(self, lease: Lease, decision: DeadLetter) -> None:
+        try:
+            await self._write(
+                lease, lambda: self._store.fail(lease.key, lease.fence, decision.error)
+            )
+        except StoreUnavailable as exc:
+            # The dead letter is safe in the DLQ already; the key stays
+            # claimed until its lease runs out.
+            log.warning("key not marked failed", key=lease.key, error=describe(exc))
+
+    async def _write(
+        self, lease: Lease, write: Callable[[], Awaitable[T]], *, past_lease: bool = False
+    ) -> T:
+        """A fenced store write, retried while the lease still holds.
+
+        With ``past_lease`` it is retried until the store answers: a completion
+        is fenced, so written late it either lands (nobody took the key over)
+        or is refused (somebody did). Giving up instead would hand the message
+        back, and once the lease has expired its redelivery runs the handler again.
+        """
+        backoff = None  # built on the first failure: most writes never need it
+        while True:
+            try:
+                return await write()
+            except StoreUnavailable:
+                backoff = backoff or Backoff(*WRITE_BACKOFF)
+                if not past_lease and lease.remaining() <= backoff.pause:
+                    raise
+            await backoff.wait()
+
+    async def _cut_short(self, delivery: Delivery, lease: Lease) -> None:
+        """Shutdown cut the handler short: free the key at once and hand the message back."""
+        try:
+            await asyncio.wait_for(self._store.release(lease.key, lease.fence), _RELEASE_WAIT)
+        except (StoreUnavailable, TimeoutError) as exc:
+            log.warning(
+                "claim not released; it expires by itself", key=lease.key, error=describe(exc)
+            )
+        await self._settle(delivery, SHUTDOWN)
+
+    def _report(self, delivery: Delivery, decision: Settle, applied: Applied) -> Settle:
+        """Tell the observer, and log the one line that says what became of the delivery."""
+        self._observer.settled(delivery, decision, applied)
+        routine = isinstance(decision, Ack)
+        if routine and not self._config.log_acks:
+            return decision
+        facts = delivery.facts
+        fields: dict[str, Any] = {
+            "key": facts.key,
+            "fence": delivery.fence,
+            "attempt": facts.attempt,
+            "outcome": applied.logged,
+            "duration_ms": round((time.monotonic() - delivery.started) * 1000, 1),
+        }
+        if isinstance(decision, DeadLetter):
+            fields["reason"] = decision.reason.value
+        error = None if isinstance(decision, Ack) else decision.error
+        if error:
+            fields["error"] = error  # exception text, never the body
+        (log.debug if routine else log.info)("settled", **fields)
+        return decision

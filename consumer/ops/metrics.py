@@ -1,0 +1,208 @@
+"""Prometheus metrics of one consumer process, and the observer that feeds them.
+
+Every labelled child is created up front: the hot path only increments or
+observes (prometheus-client's own lock per value, nothing more), and every
+series exists from the start at 0, so ``rate()`` and ``absent()`` alerts
+behave. Label values come from small closed sets (outcomes, DLQ reasons,
+store operations), never from message data.
+
+Each :class:`Metrics` has a registry of its own, so two consumers in one
+process (tests, benchmarks) never collide in prometheus-client's default one.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from contextlib import AbstractContextManager
+from types import TracebackType
+from typing import Any
+
+from aio_pika.abc import AbstractRobustConnection
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+
+from consumer.delivery.decide import Applied, DeadLetter, Result, Settle, is_takeover
+from consumer.delivery.facts import Delivery
+from consumer.delivery.handler import Context, Handler, is_async
+from consumer.delivery.message import Incoming
+from consumer.delivery.observe import Observer
+from consumer.names import Reason
+from stores.base import Claim
+
+# Handlers run from milliseconds up to SEMEL_HANDLER_TIMEOUT (300 s by default).
+HANDLER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# A healthy store answers in about a millisecond; seconds mean trouble.
+STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+STORE_OPERATIONS = (
+    "claim", "complete", "release", "fail", "heartbeat", "get", "reset", "migrate", "ping",
+)  # fmt: skip
+FENCED_OPERATIONS = ("complete", "release", "fail", "heartbeat")
+
+
+class StoreMeters:
+    """The children one store backend times its operations with."""
+
+    def __init__(self, duration: dict[str, Histogram], errors: dict[str, Counter]) -> None:
+        self.duration = duration
+        self.errors = errors
+
+
+class Metrics:
+    """Every metric semel exports."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        # Memory, CPU and open files of the process, as the default registry would have them.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        r = self.registry
+        messages = Counter(
+            "semel_messages_total",
+            "Deliveries settled, by outcome; reason is set for dead letters only.",
+            ["outcome", "reason"],
+            registry=r,
+        )
+        self.outcomes: dict[Result, Counter] = {
+            result: messages.labels(result.value, "")
+            for result in Result
+            if result is not Result.DEAD_LETTERED
+        }
+        self.dead_letters = {
+            reason: messages.labels(Result.DEAD_LETTERED.value, reason.value) for reason in Reason
+        }
+        self.handler_duration = Histogram(
+            "semel_handler_duration_seconds",
+            "Time the handler ran, whatever it returned or raised.",
+            buckets=HANDLER_BUCKETS,
+            registry=r,
+        )
+        self._store_duration = Histogram(
+            "semel_store_operation_duration_seconds",
+            "Time a store operation took, failures included.",
+            ["operation", "backend"],
+            buckets=STORE_BUCKETS,
+            registry=r,
+        )
+        self._store_errors = Counter(
+            "semel_store_errors_total",
+            "Store operations that found the store unreachable.",
+            ["operation", "backend"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "semel_deliveries_in_flight", "Deliveries being processed now.", registry=r
+        )
+        self.lease_takeovers = Counter(
+            "semel_lease_takeovers_total",
+            "Claims granted over an earlier claim of the key that was abandoned "
+            "(its worker died, stalled past the lease or was cut short).",
+            registry=r,
+        )
+        rejections = Counter(
+            "semel_fence_rejections_total",
+            "Fenced writes refused because the claim had been taken over.",
+            ["operation"],
+            registry=r,
+        )
+        self.fence_rejections = {op: rejections.labels(op) for op in FENCED_OPERATIONS}
+        self.broker_reconnects = Counter(
+            "semel_broker_reconnects_total",
+            "Times the broker connection was re-established after a loss.",
+            registry=r,
+        )
+
+    def store_meters(self, backend: str) -> StoreMeters:
+        """The duration and error children of ``backend``, one per operation."""
+        return StoreMeters(
+            {op: self._store_duration.labels(op, backend) for op in STORE_OPERATIONS},
+            {op: self._store_errors.labels(op, backend) for op in STORE_OPERATIONS},
+        )
+
+    def count_reconnects(self, connection: AbstractRobustConnection) -> None:
+        """Count every reconnect of ``connection`` (aio-pika calls back after each)."""
+        counter = self.broker_reconnects
+        connection.reconnect_callbacks.add(lambda _connection: counter.inc())
+
+
+def timed(handler: Handler, metrics: Metrics) -> Handler:
+    """``handler``, timed into ``semel_handler_duration_seconds``.
+
+    The wrapper is async exactly when the handler is, so the pipeline still
+    runs a plain handler on a thread of its own (timed there too).
+    """
+    histogram = metrics.handler_duration
+
+    if is_async(handler):
+
+        @functools.wraps(handler)
+        async def timed_async(context: Context) -> Any:
+            started = time.perf_counter()
+            try:
+                return await handler(context)
+            finally:
+                histogram.observe(time.perf_counter() - started)
+
+        return timed_async
+
+    @functools.wraps(handler)
+    def timed_plain(context: Context) -> Any:
+        started = time.perf_counter()
+        try:
+            return handler(context)
+        finally:
+            histogram.observe(time.perf_counter() - started)
+
+    return timed_plain
+
+
+class _InFlight(AbstractContextManager[object]):
+    """Counts a delivery in flight while entered; holds no state, so one serves all."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._gauge = metrics.in_flight
+        self._errors = metrics.outcomes[Result.ERROR]
+
+    def __enter__(self) -> object:
+        self._gauge.inc()
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._gauge.dec()
+        if isinstance(exc, Exception):
+            # The pipeline raised instead of settling: the worker parks the
+            # message; a bug worth seeing, not a message outcome.
+            self._errors.inc()
+
+
+class MetricsObserver(Observer):
+    """Feeds :class:`Metrics` from the pipeline's hooks."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        self._in_flight = _InFlight(metrics)
+
+    def delivery(self, message: Incoming) -> AbstractContextManager[object]:
+        return self._in_flight
+
+    def claimed(self, claim: Claim, attempt: int) -> None:
+        if is_takeover(claim, attempt):
+            self._metrics.lease_takeovers.inc()
+
+    def settled(self, delivery: Delivery, decision: Settle, applied: Applied) -> None:
+        result = applied.result
+        if result is Result.DEAD_LETTERED and isinstance(decision, DeadLetter):
+            self._metrics.dead_letters[decision.reason].inc()
+        else:
+            self._metrics.outcomes[result].inc()

@@ -1,0 +1,92 @@
+"""Watching the two servers a worker depends on.
+
+The store: when a delivery finds it unreachable, consumption pauses (the
+queue's consumer is cancelled, so the broker keeps the messages) and the
+store is pinged with a growing pause until it answers; then consumption
+resumes by itself. The broker: aio-pika's robust connection reconnects, and
+:class:`consumer.broker.intake.Intake` consumes again; this module only decides when
+it has been away too long and the process should exit for its supervisor to
+restart it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import structlog
+from aio_pika.abc import AbstractConnection
+
+from consumer.backoff import Backoff
+from consumer.broker.intake import Intake
+from stores.base import Store
+from stores.errors import StoreUnavailable
+
+PROBE_BACKOFF = (0.2, 5.0)  # first and longest pause between store pings
+BROKER_CHECK_INTERVAL = 1.0
+
+log = structlog.get_logger("semel.supervise")
+
+
+async def ping_until_up(store: Store) -> None:
+    """Return once the store answers (never at once: a store whose ping passes
+    while its real calls fail would otherwise flap consumption on and off)."""
+    backoff = Backoff(*PROBE_BACKOFF)
+    while True:
+        waited = await backoff.wait()
+        try:
+            await store.ping()
+            return
+        except StoreUnavailable as exc:
+            log.warning("store unreachable, consumption paused", error=str(exc), retry_in=waited)
+
+
+class StoreGate:
+    """Closed while the store is unreachable; deliveries then go straight back."""
+
+    def __init__(self, store: Store, intake: Intake) -> None:
+        self._store = store
+        self._intake = intake
+        self._down = asyncio.Event()
+
+    @property
+    def open(self) -> bool:
+        return not self._down.is_set()
+
+    def report_down(self) -> None:
+        self._down.set()
+
+    async def watch(self, stopping: asyncio.Event) -> None:
+        """Pause on a report, resume when the store answers; until ``stopping``."""
+        while not stopping.is_set():
+            await self._down.wait()
+            await self._intake.pause()
+            await ping_until_up(self._store)
+            if stopping.is_set():
+                return
+            # Open before attaching, or the first deliveries would bounce off.
+            self._down.clear()
+            try:
+                await self._intake.resume()
+            except Exception as exc:  # the broker may be away too: try again
+                self._down.set()
+                log.warning("consumption not resumed, retrying", error=repr(exc))
+                await asyncio.sleep(PROBE_BACKOFF[1])
+                continue
+            log.info("store reachable again, consumption resumed")
+
+
+async def broker_gone_for(connection: AbstractConnection, give_up: float) -> float:
+    """Return once the connection has been down longer than ``give_up`` seconds."""
+    interval = min(BROKER_CHECK_INTERVAL, give_up / 4)
+    away_since: float | None = None
+    while True:
+        if connection.connected.is_set():
+            away_since = None
+        else:
+            if away_since is None:
+                away_since = time.monotonic()
+                log.warning("broker connection lost, reconnecting", give_up_after=give_up)
+            if time.monotonic() - away_since > give_up:
+                return time.monotonic() - away_since
+        await asyncio.sleep(interval)

@@ -1,0 +1,175 @@
+"""The worker: consumes the work queue and runs one pipeline task per delivery.
+
+Up to ``SEMEL_PREFETCH`` deliveries are processed at once (the broker sends
+no more than that unacknowledged). A stop request (SIGTERM / SIGINT) detaches
+the consumer, lets the handlers in flight finish for ``shutdown_grace``
+seconds, then cuts the rest short: their claims are released and their
+messages handed back, so another worker picks them up at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+import structlog
+from aio_pika.abc import AbstractRobustConnection
+
+from consumer.broker.intake import Intake
+from consumer.broker.settle import Settler
+from consumer.delivery.decide import Requeue
+from consumer.delivery.handler import Handler
+from consumer.delivery.message import Incoming
+from consumer.delivery.observe import Observer
+from consumer.delivery.pipeline import Pipeline, PipelineConfig
+from consumer.names import BROKER_CALL_TIMEOUT, Topology
+from consumer.runtime.supervise import StoreGate, broker_gone_for
+from stores.base import Store
+from stores.errors import EXIT_FAILURE, StoreUnavailable
+
+EXIT_OK = 0
+_CUT_SHORT_WAIT = 10.0  # seconds cut-short tasks get to release their claims
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """The values the worker loop runs with."""
+
+    queue: str
+    prefetch: int = 256
+    shutdown_grace: float = 30.0
+    broker_give_up: float = 300.0
+    retention: float = 86_400.0  # transactional mode purges at least this often
+
+
+log = structlog.get_logger("semel.worker")
+
+
+class Worker:
+    """Consumes ``SEMEL_QUEUE`` until stopped or the broker is gone for good."""
+
+    def __init__(
+        self,
+        connection: AbstractRobustConnection,
+        store: Store,
+        handler: Handler,
+        config: WorkerConfig,
+        pipeline: PipelineConfig,
+        observer: Observer | None = None,
+    ) -> None:
+        self._connection = connection
+        self._store = store
+        self._handler = handler
+        self._config = config
+        self._pipeline_config = pipeline
+        self._observer = observer
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._accepting = False
+        self._pipeline: Pipeline | None = None
+        self._gate: StoreGate | None = None
+
+    async def run(self, stop: asyncio.Event) -> int:
+        """Consume until ``stop`` is set (exit 0) or the broker stays away (exit 1)."""
+        config = self._config
+        names = Topology(config.queue)
+        consuming = await self._connection.channel(publisher_confirms=False)
+        await consuming.set_qos(prefetch_count=config.prefetch)
+        publishing = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
+        settler = await Settler.open(publishing, names)
+        self._pipeline = Pipeline(
+            store=self._store,
+            handler=self._handler,
+            config=self._pipeline_config,
+            settler=settler,
+            observer=self._observer,
+        )
+        await consuming.get_queue(config.queue, ensure=True)  # it exists, or stop here
+        intake = Intake(consuming, config.queue, self._on_message)
+        self._gate = gate = StoreGate(self._store, intake)
+        self._accepting = True
+        try:
+            await self._store.ping()
+            await intake.resume()
+        except StoreUnavailable:
+            gate.report_down()
+        log.info("consuming", queue=config.queue, prefetch=config.prefetch)
+
+        broker_gone = await self._until_stopped(stop, gate)
+        self._accepting = False
+        await intake.pause()
+        if broker_gone:
+            log.error("broker unreachable for too long, exiting", give_up=config.broker_give_up)
+            await self._cut_short()
+            return EXIT_FAILURE
+        await self._drain()
+        for channel in (publishing, consuming):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(channel.close(), BROKER_CALL_TIMEOUT)
+        return EXIT_OK
+
+    async def _until_stopped(self, stop: asyncio.Event, gate: StoreGate) -> bool:
+        """Watch the store and the broker until ``stop``; ``True`` if the broker is gone."""
+        stopping = asyncio.Event()
+        store_watch = asyncio.create_task(gate.watch(stopping))
+        stop_request = asyncio.create_task(stop.wait())
+        broker_watch = asyncio.create_task(
+            broker_gone_for(self._connection, self._config.broker_give_up)
+        )
+        watchers = {store_watch, stop_request, broker_watch}
+        try:
+            done, _ = await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
+            if store_watch in done:  # it never ends by itself: surface its failure
+                store_watch.result()
+            return broker_watch in done
+        finally:
+            stopping.set()
+            for watcher in watchers:
+                watcher.cancel()
+            await asyncio.gather(*watchers, return_exceptions=True)
+
+    async def _on_message(self, message: Incoming) -> None:
+        gate = self._gate
+        if not self._accepting or gate is None or not gate.open:
+            # Detached or paused, but the broker had already sent it: hand it back.
+            with contextlib.suppress(Exception):
+                await message.nack(requeue=True)
+            return
+        # A task of our own, not aiormq's: aiormq cancels its delivery tasks
+        # when the channel drops, which would cut handlers short on every reconnect.
+        task = asyncio.create_task(self._process(message))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _process(self, message: Incoming) -> None:
+        assert self._pipeline is not None
+        assert self._gate is not None
+        try:
+            decision = await self._pipeline.handle(message)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # A bug, not a bad message: park it in the conflict queue (nothing
+            # lost) and let it come back after the conflict delay.
+            log.exception("delivery failed unexpectedly", delivery_tag=message.delivery_tag)
+            with contextlib.suppress(Exception):
+                await message.nack(requeue=False)
+            return
+        if isinstance(decision, Requeue) and decision.store_down:
+            self._gate.report_down()
+
+    async def _drain(self) -> None:
+        """Let in-flight deliveries finish for the grace period, then cut the rest short."""
+        if self._tasks:
+            log.info("stopping: waiting for handlers in flight", in_flight=len(self._tasks))
+            await asyncio.wait(set(self._tasks), timeout=self._config.shutdown_grace)
+        await self._cut_short()
+
+    async def _cut_short(self) -> None:
+        pending = set(self._tasks)
+        if not pending:
+            return
+        log.warning("cutting handlers short, releasing their claims", count=len(pending))
+        for task in pending:
+            task.cancel()
+        await asyncio.wait(pending, timeout=_CUT_SHORT_WAIT)
