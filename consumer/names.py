@@ -46,7 +46,8 @@ DLQ_ROUTING_KEY = "dlq"
 CONFLICT_ROUTING_KEY = "conflict"
 
 # -- broker timeouts, in seconds -----------------------------------------------------------
-CONNECT_TIMEOUT = 10.0  # one attempt to reach the broker
+CONNECT_TIMEOUT = 10.0  # one attempt of the worker to reach the broker
+TOOL_CONNECT_TIMEOUT = 15.0  # a command's one attempt to reach the broker
 RECONNECT_INTERVAL = 1.0  # between the robust connection's reconnect attempts
 CONFIRM_TIMEOUT = 15.0  # for the broker's confirm of one publish
 BROKER_CALL_TIMEOUT = 5.0  # a cancel, close or get that must not block a pause or a stop

@@ -88,7 +88,7 @@ class PostgresStore(Store):
             async with self._pool.connection() as conn, conn.cursor() as cur:
                 yield cur
         except UNAVAILABLE as exc:
-            raise StoreUnavailable(BACKEND, describe(exc)) from exc
+            raise StoreUnavailable(BACKEND, one_line(exc)) from exc
 
     def _params(self, key: str, **extra: Any) -> dict[str, Any]:
         return {"key": self.config.namespaced(key), **self._times, **extra}
@@ -240,7 +240,7 @@ class PostgresStore(Store):
         await self._pool.close()
 
 
-def describe(exc: Exception) -> str:
+def one_line(exc: Exception) -> str:
     """libpq's message on one line."""
     return " ".join(str(exc).split())
 
@@ -279,7 +279,7 @@ async def open_pool(
         # one direct attempt first reports a down server at once, with libpq's reason.
         probe = await psycopg.AsyncConnection.connect(dsn, **kwargs)
     except UNAVAILABLE as exc:
-        raise StoreUnavailable(BACKEND, describe(exc)) from exc
+        raise StoreUnavailable(BACKEND, one_line(exc)) from exc
     await probe.close()
     pool: AsyncConnectionPool = AsyncConnectionPool(
         dsn,
@@ -295,5 +295,5 @@ async def open_pool(
         await pool.open(wait=True, timeout=POOL_TIMEOUT)
     except UNAVAILABLE as exc:
         await pool.close()
-        raise StoreUnavailable(BACKEND, describe(exc)) from exc
+        raise StoreUnavailable(BACKEND, one_line(exc)) from exc
     return pool

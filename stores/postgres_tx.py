@@ -36,7 +36,7 @@ from stores.postgres import (
     POOL_TIMEOUT,
     UNAVAILABLE,
     PostgresStore,
-    describe,
+    one_line,
     open_pool,
     pool_size,
 )
@@ -165,7 +165,7 @@ class TransactionalStore(PostgresStore):
             except Exception as exc:
                 self._finishing.pop(entry, None)
                 if conn.broken:
-                    raise StoreUnavailable(BACKEND, describe(exc)) from exc
+                    raise StoreUnavailable(BACKEND, one_line(exc)) from exc
                 raise
             except BaseException:  # cancelled: the transaction was rolled back, or is in doubt
                 self._finishing.pop(entry, None)
@@ -185,7 +185,7 @@ class TransactionalStore(PostgresStore):
                 # only the latter is an outage; otherwise wait for a turn.
                 await self.ping()
             except UNAVAILABLE as exc:
-                raise StoreUnavailable(BACKEND, describe(exc)) from exc
+                raise StoreUnavailable(BACKEND, one_line(exc)) from exc
         try:
             yield conn
         finally:
@@ -199,7 +199,7 @@ class TransactionalStore(PostgresStore):
             async with self._pool.connection() as conn:
                 yield conn
         except UNAVAILABLE as exc:
-            raise StoreUnavailable(BACKEND, describe(exc)) from exc
+            raise StoreUnavailable(BACKEND, one_line(exc)) from exc
 
     async def relay(self, limit: int, publish: Publish) -> int:
         """Take up to ``limit`` unsent rows, ``publish`` them, record the answers, commit.

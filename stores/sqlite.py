@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import partial
 from itertools import chain
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from stores.base import (
     POISON_ERROR,
@@ -113,11 +113,13 @@ class SqliteStore(Store):
 
     def _decide(
         self, requests: Sequence[ClaimRequest], keys: list[str], conn: sqlite3.Connection
-    ) -> list[Claim | None]:
-        """Claim every key in one write transaction; ``None`` where a claim must be tried again.
+    ) -> list[Claim]:
+        """Claim every key in one write transaction.
 
         Rows are decoded before COMMIT: a row that cannot be read fails the
-        whole batch, never after its other keys were committed.
+        whole batch, never after its other keys were committed. A row the
+        upsert refused is judged by the same clock in the same transaction,
+        so it can never turn out claimable.
         """
         sql = self._sql
         if len(keys) == 1:
@@ -134,7 +136,7 @@ class SqliteStore(Store):
             if len(written) < len(keys):
                 # Reads the whole batch; the rows just written are taken from `written`.
                 refused = {row[0]: row for row in conn.execute(inspect, params)}
-            decided: list[Claim | None] = []
+            decided: list[Claim] = []
             for request, key in zip(requests, keys, strict=True):
                 row = written.get(key)
                 if row is not None:
@@ -143,7 +145,11 @@ class SqliteStore(Store):
                 row = refused[key]
                 record = decode(request.key, row)
                 outcome = refused_outcome(record, request.fingerprint, live=row[11], leased=row[12])
-                decided.append(None if outcome is None else Claim(outcome, record))
+                if outcome is None:
+                    raise AssertionError(
+                        f"claim of {key!r} refused, yet claimable in its transaction"
+                    )
+                decided.append(Claim(outcome, record))
         return decided
 
     async def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
@@ -151,14 +157,7 @@ class SqliteStore(Store):
             return []
         keys = [self.config.namespaced(request.key) for request in requests]
         refuse_nul(chain(keys, (request.fingerprint for request in requests)))
-        decided = await self._run(partial(self._decide, requests, keys))
-        again = [i for i, claim in enumerate(decided) if claim is None]
-        if again:
-            # Never happens in practice: each read shares its upsert's lock and clock.
-            retried = await self.claim_many([requests[i] for i in again])
-            for i, claim in zip(again, retried, strict=True):
-                decided[i] = claim
-        return cast(list[Claim], decided)
+        return await self._run(partial(self._decide, requests, keys))
 
     def _complete_all(
         self, completions: Sequence[Completion], conn: sqlite3.Connection

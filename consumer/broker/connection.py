@@ -20,10 +20,14 @@ from aiormq.exceptions import AMQPConnectionError, ProbableAuthenticationError
 
 from consumer.backoff import Backoff
 from consumer.errors import BrokerUnavailable
-from consumer.names import BROKER_CALL_TIMEOUT, CONNECT_TIMEOUT, RECONNECT_INTERVAL
+from consumer.names import (
+    BROKER_CALL_TIMEOUT,
+    CONNECT_TIMEOUT,
+    RECONNECT_INTERVAL,
+    TOOL_CONNECT_TIMEOUT,
+)
 
 CONNECT_BACKOFF = (0.5, 5.0)  # first and longest pause between start-up connection attempts
-TOOL_CONNECT_TIMEOUT = 15.0  # seconds a command waits for the broker
 
 log = structlog.get_logger("semel.broker")
 

@@ -1,11 +1,11 @@
-"""The work queue's consumer: deliveries in, as :class:`Inbound` messages
+"""The work queue's consumer: deliveries in, as :class:`AmqpDelivery` messages
 (the pipeline's :class:`consumer.delivery.message.Incoming`).
 
 It consumes on the robust channel's AMQP channel itself rather than through
 aio-pika's queue consumer, which builds a full ``IncomingMessage`` (every
 property set through a checked ``__setattr__``) and one more task for each
 delivery: about a tenth of a consumer's CPU, for properties the pipeline
-mostly never reads. :class:`Inbound` reads them from the frame on demand.
+mostly never reads. :class:`AmqpDelivery` reads them from the frame on demand.
 
 What aio-pika's robust queue would otherwise do is done here: the channel
 reopens by itself after a reconnect or a channel error, and its reopen
@@ -35,7 +35,7 @@ RECONSUME_BACKOFF = (0.5, 5.0)  # first and longest pause before consuming again
 log = structlog.get_logger("semel.intake")
 
 
-class Inbound:
+class AmqpDelivery:
     """One delivery of the work queue, settled once on the channel it came on."""
 
     __slots__ = ("_message", "_properties", "_settled", "delivery_tag")
@@ -106,7 +106,7 @@ class Inbound:
         await self._settle().basic_nack(self.delivery_tag, requeue=requeue)
 
 
-Callback = Callable[[Inbound], Awaitable[None]]
+Callback = Callable[[AmqpDelivery], Awaitable[None]]
 
 
 class Intake:
@@ -153,7 +153,7 @@ class Intake:
             self._tag, self._on = ok.consumer_tag, channel
 
     async def _deliver(self, message: DeliveredMessage) -> None:
-        await self._callback(Inbound(message))
+        await self._callback(AmqpDelivery(message))
 
     def _reopened(self, _channel: Any) -> None:
         # The old channel is closed, and its consumer with it, unless an

@@ -23,7 +23,7 @@ from consumer.names import JSON_CONTENT_TYPE, MAX_KEY_LENGTH, Reason
 
 class Incoming(Protocol):
     """What the pipeline reads of a delivery: the broker's frame as
-    :class:`consumer.broker.intake.Inbound`, or aio-pika's ``IncomingMessage``
+    :class:`consumer.broker.intake.AmqpDelivery`, or aio-pika's ``IncomingMessage``
     (the DLQ tools read through aio-pika)."""
 
     @property

@@ -18,7 +18,7 @@ from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
 from consumer.broker.copies import copy_message
-from consumer.broker.intake import Inbound, Intake
+from consumer.broker.intake import AmqpDelivery, Intake
 from consumer.errors import AlreadySettled
 from tests.consumer.harness import eventually
 
@@ -29,12 +29,12 @@ class Received:
     """What the intake handed over, awaitable one at a time."""
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[Inbound] = asyncio.Queue()
+        self.queue: asyncio.Queue[AmqpDelivery] = asyncio.Queue()
 
-    async def __call__(self, message: Inbound) -> None:
+    async def __call__(self, message: AmqpDelivery) -> None:
         await self.queue.put(message)
 
-    async def next(self) -> Inbound:
+    async def next(self) -> AmqpDelivery:
         return await asyncio.wait_for(self.queue.get(), 15)
 
 
@@ -185,7 +185,7 @@ def _delivered(**properties: Any) -> DeliveredMessage:
 )
 def test_inbound_reads_what_aio_pika_reads(properties: dict[str, Any]) -> None:
     delivered = _delivered(**properties)
-    ours, theirs = Inbound(delivered), IncomingMessage(delivered)
+    ours, theirs = AmqpDelivery(delivered), IncomingMessage(delivered)
     for name in (
         "body", "headers", "exchange", "routing_key", "delivery_tag", "redelivered",
         "content_type", "content_encoding", "correlation_id", "reply_to",
