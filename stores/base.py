@@ -27,11 +27,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
-from stores.errors import ResultTooLarge
+from stores.errors import KeyRefused, ResultTooLarge
+
+T = TypeVar("T")
 
 JSON = Any
 """A JSON-serialisable value (dict, list, str, int, float, bool or None)."""
@@ -121,8 +123,16 @@ class StoreConfig:
 class Store(abc.ABC):
     """An idempotency store. Subclasses translate the contract into one backend.
 
-    Every method raises :class:`stores.errors.StoreUnavailable` when the
-    backend cannot be reached, and nothing else for infrastructure trouble.
+    What a backend's failures become (every backend sorts its server's
+    errors into these, and nothing else escapes for infrastructure trouble):
+
+    - :class:`stores.errors.StoreUnavailable`: unreachable, or a condition that
+      passes (full, read-only after a failover, loading, throttled, a lock or
+      statement timeout): the consumer waits for the store and loses nothing;
+    - :class:`stores.errors.StoreMisconfigured`: reachable but not set up for
+      semel (a missing table, a permission denied): stop and say so;
+    - :class:`stores.errors.KeyRefused`: this one key cannot be held; in a
+      batch, that key's answer is the error and the other keys are decided.
     """
 
     backend: str = "abstract"
@@ -141,17 +151,24 @@ class Store(abc.ABC):
             raise ResultTooLarge(len(data), self.result_limit)
         return data
 
-    async def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+    async def claim_many(self, requests: Sequence[ClaimRequest]) -> Sequence[Claim | KeyRefused]:
         """Claim several distinct keys; the answers of one :meth:`claim` each, in order.
 
         Backends override it to decide the whole batch in one round trip; each
-        key is still decided atomically on its own. Keys in one call are
-        distinct (the caller guarantees it). Raises
+        key is still decided atomically on its own, and a key the store cannot
+        hold answers :class:`KeyRefused` without failing the others. Keys in
+        one call are distinct (the caller guarantees it). Raises
         :class:`stores.errors.StoreUnavailable` for the batch as a whole.
         """
-        return [await self.claim(r.key, r.fingerprint) for r in requests]
+        answers: list[Claim | KeyRefused] = []
+        for request in requests:
+            try:
+                answers.append(await self.claim(request.key, request.fingerprint))
+            except KeyRefused as refused:
+                answers.append(refused)
+        return answers
 
-    async def complete_many(self, completions: Sequence[Completion]) -> list[bool]:
+    async def complete_many(self, completions: Sequence[Completion]) -> Sequence[bool | KeyRefused]:
         """Complete several distinct keys, each fenced on its own; answers in order.
 
         A backend overrides this or :meth:`complete_encoded` (or both); each
@@ -159,12 +176,18 @@ class Store(abc.ABC):
         """
         if type(self).complete_encoded is Store.complete_encoded:
             raise NotImplementedError(f"{self.backend} store completes only through complete()")
-        return [await self.complete_encoded(c) for c in completions]
+        answers: list[bool | KeyRefused] = []
+        for completion in completions:
+            try:
+                answers.append(await self.complete_encoded(completion))
+            except KeyRefused as refused:
+                answers.append(refused)
+        return answers
 
     async def complete_encoded(self, completion: Completion) -> bool:
         """:meth:`complete` with a result already encoded by :meth:`encode_result`;
         by default a batch of one."""
-        return (await self.complete_many([completion]))[0]
+        return answer_of((await self.complete_many([completion]))[0])
 
     async def claim(self, key: str, fingerprint: str) -> Claim:
         """Try to take ``key`` for this worker in one atomic step; by default a batch of one.
@@ -174,7 +197,7 @@ class Store(abc.ABC):
         """
         if type(self).claim_many is Store.claim_many:
             raise NotImplementedError(f"{self.backend} store claims only through claim_many()")
-        return (await self.claim_many([ClaimRequest(key, fingerprint)]))[0]
+        return answer_of((await self.claim_many([ClaimRequest(key, fingerprint)]))[0])
 
     async def complete(self, key: str, fence: int, result: JSON) -> bool:
         """Mark the key completed with ``result``; ``False`` if ``fence`` lost the key.
@@ -224,6 +247,13 @@ class Store(abc.ABC):
         """Release connections; the container calls it at shutdown."""
 
 
+def answer_of(answer: T | KeyRefused) -> T:
+    """One key's answer from a batch: the value, or its refusal raised."""
+    if isinstance(answer, KeyRefused):
+        raise answer
+    return answer
+
+
 class DelegatingStore(Store):
     """A store that hands every call to ``inner``; a wrapper overrides what it changes.
 
@@ -244,7 +274,7 @@ class DelegatingStore(Store):
     async def claim(self, key: str, fingerprint: str) -> Claim:
         return await self.inner.claim(key, fingerprint)
 
-    async def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+    async def claim_many(self, requests: Sequence[ClaimRequest]) -> Sequence[Claim | KeyRefused]:
         return await self.inner.claim_many(requests)
 
     async def complete(self, key: str, fence: int, result: JSON) -> bool:
@@ -253,7 +283,7 @@ class DelegatingStore(Store):
     async def complete_encoded(self, completion: Completion) -> bool:
         return await self.inner.complete_encoded(completion)
 
-    async def complete_many(self, completions: Sequence[Completion]) -> list[bool]:
+    async def complete_many(self, completions: Sequence[Completion]) -> Sequence[bool | KeyRefused]:
         return await self.inner.complete_many(completions)
 
     async def release(self, key: str, fence: int) -> bool:

@@ -9,7 +9,9 @@ writes and the claim decision live in :mod:`stores.dynamodb_items`, the table
 and its TTL in :mod:`stores.dynamodb_table`.
 
 boto3's client is thread-safe but blocking, so every call runs on a private
-thread pool sized for the deliveries in flight, never on the event loop.
+thread pool sized for the deliveries in flight, never on the event loop. What
+fails after botocore's own retries is sorted into the contract's errors by
+:func:`stores.dynamodb_table.store_error`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from stores import dynamodb_items as items
 from stores import dynamodb_table
 from stores.base import Claim, Completion, Outcome, Record, Status, Store, StoreConfig
 from stores.dynamodb_items import Instant, Item, Step, Update
+from stores.dynamodb_table import BACKEND
 from stores.errors import StoreUnavailable
 
 if TYPE_CHECKING:
@@ -37,10 +40,10 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-BACKEND = "dynamodb"
 # An item stops at 400 KB; the rest of the record fits easily in what is left.
 RESULT_LIMIT = 350_000
-# A dead endpoint surfaces in seconds: short connects and one retry. An answer
+# A dead endpoint surfaces in seconds: short connects and two retries (botocore's
+# ``max_attempts`` counts retries; throttling is retried the same way). An answer
 # may take longer: a loaded server queues requests but answers them (a local
 # DynamoDB-compatible server answering one request at a time takes over ten
 # seconds for a burst of a thousand claims on two cores).
@@ -51,8 +54,6 @@ MAX_ATTEMPTS = 2
 # in a row is a storm on one key, and "try again later" is the right answer.
 CLAIM_ROUNDS = 8
 REFUSED = frozenset({"ConditionalCheckFailedException"})
-# Errors about the request itself, not the server: bugs, which must not pass for outages.
-REQUEST_ERRORS = frozenset({"ValidationException", "SerializationException"})
 
 
 class DynamoDBStore(Store):
@@ -69,21 +70,30 @@ class DynamoDBStore(Store):
         self._table = table
         self._executor = executor
 
-    async def call(self, request: Callable[[], T], *, answers: frozenset[str] = frozenset()) -> T:
-        """Run one blocking client call off the loop; every outage becomes StoreUnavailable.
+    async def call(
+        self,
+        request: Callable[[], T],
+        *,
+        answers: frozenset[str] = frozenset(),
+        key: str | None = None,
+    ) -> T:
+        """Run one blocking client call off the loop; its failures sorted into store errors.
 
-        A ClientError whose code is in ``answers`` is an answer the caller handles.
+        A ClientError whose code is in ``answers`` is an answer the caller handles;
+        ``key`` is the one key the call is about, refused alone when its item cannot
+        be held. A bug in the request is raised as it is.
         """
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._executor, request)
         except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
-            if code in answers or code in REQUEST_ERRORS:
+            answered = dynamodb_table.code_of(exc) in answers
+            error = None if answered else dynamodb_table.store_error(exc, self._table, key)
+            if error is None:
                 raise
-            raise StoreUnavailable(BACKEND, str(exc)) from exc
+            raise error from exc
         except BotoCoreError as exc:
-            raise StoreUnavailable(BACKEND, f"{type(exc).__name__}: {exc}") from exc
+            raise dynamodb_table.failure_error(exc) from exc
 
     def _key(self, key: str) -> Item:
         return {items.PARTITION_KEY: items.string(self.config.namespaced(key))}
@@ -108,12 +118,12 @@ class DynamoDBStore(Store):
             ReturnValuesOnConditionCheckFailure="ALL_OLD",
         )
         try:
-            response = await self.call(request, answers=REFUSED)
+            response = await self.call(request, answers=REFUSED, key=key)
         except ClientError as exc:
             return None, _held(exc)
         return response.get("Attributes", {}), None
 
-    async def _put(self, item: Item, rule: Update) -> tuple[bool, Item | None]:
+    async def _put(self, key: str, item: Item, rule: Update) -> tuple[bool, Item | None]:
         """A PutItem on ``rule``'s condition: ``(True, None)``, or ``(False, the item it hit)``."""
         request = partial(
             self._client.put_item,
@@ -126,7 +136,7 @@ class DynamoDBStore(Store):
         if rule.values:  # DynamoDB refuses an empty map of values
             request = partial(request, ExpressionAttributeValues=rule.values)
         try:
-            await self.call(request, answers=REFUSED)
+            await self.call(request, answers=REFUSED, key=key)
         except ClientError as exc:
             return False, _held(exc)
         return True, None
@@ -138,7 +148,7 @@ class DynamoDBStore(Store):
         request = partial(
             self._client.get_item, TableName=self._table, Key=self._key(key), ConsistentRead=True
         )
-        return (await self.call(request)).get("Item")
+        return (await self.call(request, key=key)).get("Item")
 
     async def claim(self, key: str, fingerprint: str) -> Claim:
         """One PutItem for a new key; any other adds a write or two, re-decided on a lost race."""
@@ -148,7 +158,7 @@ class DynamoDBStore(Store):
         pk = self.config.namespaced(key)
         item = items.fresh_item(pk, fingerprint, token, 1, now, self.config)
         written, held = await self._put(
-            item, items.update("", items.NEW_CONDITION, now, self.config)
+            key, item, items.update("", items.NEW_CONDITION, now, self.config)
         )
         if written:
             return Claim(Outcome.CLAIMED, items.to_record(key, item))
@@ -191,7 +201,7 @@ class DynamoDBStore(Store):
         pk = self.config.namespaced(key)
         item = items.fresh_item(pk, fingerprint, token, fence + 1, now, self.config)
         rule = items.update("", items.REPLACE_CONDITION, now, self.config, fence=fence)
-        written, _ = await self._put(item, rule)
+        written, _ = await self._put(key, item, rule)
         return items.to_record(key, item) if written else None
 
     async def _finish(
@@ -246,7 +256,10 @@ class DynamoDBStore(Store):
 
 
 def _held(refused: ClientError) -> Item | None:
-    """The item a refused write collided with, where the server returns it."""
+    """The item a refused write collided with, where the server returns it; any other
+    error ``call`` lets through is a bug in the request, never a lost race."""
+    if dynamodb_table.code_of(refused) not in REFUSED:
+        raise refused
     return cast("Item | None", cast(dict[str, Any], refused.response).get("Item"))
 
 

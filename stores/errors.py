@@ -7,6 +7,7 @@ consumer's own errors extend it in :mod:`consumer.errors`::
      └── StoreError
           ├── StoreUnavailable      the backend cannot be reached or did not answer in time
           ├── StoreMisconfigured    exit 2: reachable, not set up for semel (run `semel migrate`)
+          ├── KeyRefused            this one key cannot be held (a foreign value in its place)
           ├── ResultTooLarge        the handler's result does not fit the backend
           └── FencedOut             the claim was taken over before the unit of work committed
 """
@@ -44,6 +45,16 @@ class StoreMisconfigured(StoreError):
     """The store answers but is not set up for semel (a table missing, say)."""
 
     exit_code = EXIT_USAGE
+
+
+class KeyRefused(StoreError):
+    """The store cannot hold this one key: a value of another kind sits in its place,
+    or its item would pass the backend's limit. Nothing was written for it; the
+    other keys of its batch are decided as usual."""
+
+    def __init__(self, key: str, detail: str) -> None:
+        super().__init__(f"key {key!r} refused by the store: {detail}")
+        self.key = key
 
 
 class ResultTooLarge(StoreError):

@@ -31,11 +31,11 @@ from stores.base import (
     StoreConfig,
 )
 from stores.codec import load_result
-from stores.errors import StoreUnavailable
+from stores.errors import KeyRefused
+from stores.postgres_errors import BACKEND, translated
 from stores.postgres_sql import Statements, schema
 from stores.refusal import refused_outcome, written_claim
 
-BACKEND = "postgres"
 CONNECT_TIMEOUT = 3  # seconds; libpq's minimum useful value is 2
 POOL_TIMEOUT = 5.0  # seconds a caller waits for a pooled connection
 # Bounds of the store's pool. With claims and completions batched, a process
@@ -49,14 +49,6 @@ POOL_MAX = (2, 8)
 # in another order was rolled back whole, so it is simply sent again.
 DEADLOCK_ATTEMPTS = 3
 
-# Errors that mean "the server cannot serve us now", not "this request is wrong".
-# ReadOnlySqlTransaction is what a standby answers after a failover.
-UNAVAILABLE = (
-    psycopg.OperationalError,
-    psycopg.InterfaceError,
-    psycopg.errors.ReadOnlySqlTransaction,
-)
-
 # jsonb cannot hold U+0000 (an escape preceded by an even run of backslashes;
 # after an odd run the backslash itself is the escaped character).
 NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
@@ -65,7 +57,12 @@ Row = tuple[Any, ...]
 
 
 class PostgresStore(Store):
-    """Keys in one PostgreSQL table, shared by every consumer process."""
+    """Keys in one PostgreSQL table, shared by every consumer process.
+
+    The server's failures become store errors by SQLSTATE
+    (:mod:`stores.postgres_errors`). No key is refused alone: the keys the
+    consumer sends (printable, at most 256 characters) all fit a row.
+    """
 
     backend = BACKEND
 
@@ -84,11 +81,9 @@ class PostgresStore(Store):
 
     @contextlib.asynccontextmanager
     async def _cursor(self) -> AsyncIterator[psycopg.AsyncCursor[Row]]:
-        try:
+        with translated():
             async with self._pool.connection() as conn, conn.cursor() as cur:
                 yield cur
-        except UNAVAILABLE as exc:
-            raise StoreUnavailable(BACKEND, one_line(exc)) from exc
 
     def _params(self, key: str, **extra: Any) -> dict[str, Any]:
         return {"key": self.config.namespaced(key), **self._times, **extra}
@@ -140,7 +135,7 @@ class PostgresStore(Store):
         (claim,) = await self._claim_all([ClaimRequest(key, fingerprint)])
         return claim
 
-    async def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+    async def claim_many(self, requests: Sequence[ClaimRequest]) -> Sequence[Claim | KeyRefused]:
         return await self._claim_all(requests)
 
     async def _claim_all(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
@@ -183,7 +178,7 @@ class PostgresStore(Store):
         params = self._params(completion.key, fence=completion.fence, result=data)
         return await self._write(self._sql.complete, params)
 
-    async def complete_many(self, completions: Sequence[Completion]) -> list[bool]:
+    async def complete_many(self, completions: Sequence[Completion]) -> Sequence[bool | KeyRefused]:
         if not completions:
             return []
         where = self._distinct([c.key for c in completions])
@@ -240,11 +235,6 @@ class PostgresStore(Store):
         await self._pool.close()
 
 
-def one_line(exc: Exception) -> str:
-    """libpq's message on one line."""
-    return " ".join(str(exc).split())
-
-
 def pool_size(connections: int, bounds: tuple[int, int] = POOL_MAX) -> int:
     """Up to one connection per in-flight delivery (``connections`` of them), within ``bounds``."""
     low, high = bounds
@@ -274,12 +264,10 @@ async def open_pool(
     kwargs: dict[str, Any] = {"autocommit": True, "application_name": "semel"}
     if "connect_timeout" not in conninfo_to_dict(dsn):
         kwargs["connect_timeout"] = CONNECT_TIMEOUT
-    try:
+    with translated():
         # The pool retries a refused connection until its timeout runs out;
         # one direct attempt first reports a down server at once, with libpq's reason.
         probe = await psycopg.AsyncConnection.connect(dsn, **kwargs)
-    except UNAVAILABLE as exc:
-        raise StoreUnavailable(BACKEND, one_line(exc)) from exc
     await probe.close()
     pool: AsyncConnectionPool = AsyncConnectionPool(
         dsn,
@@ -292,8 +280,9 @@ async def open_pool(
         configure=configure,
     )
     try:
-        await pool.open(wait=True, timeout=POOL_TIMEOUT)
-    except UNAVAILABLE as exc:
+        with translated():
+            await pool.open(wait=True, timeout=POOL_TIMEOUT)
+    except BaseException:
         await pool.close()
-        raise StoreUnavailable(BACKEND, one_line(exc)) from exc
+        raise
     return pool

@@ -28,18 +28,11 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from stores.base import JSON, Claim, Completion, Outcome, Record, Status, Store, StoreConfig
-from stores.errors import FencedOut, StoreMisconfigured, StoreUnavailable
+from stores.errors import FencedOut, StoreError, StoreMisconfigured, StoreUnavailable
 from stores.outbox import Outbox, OutboxMessage, OutboxTable
 from stores.outbox import schema as outbox_schema
-from stores.postgres import (
-    BACKEND,
-    POOL_TIMEOUT,
-    UNAVAILABLE,
-    PostgresStore,
-    one_line,
-    open_pool,
-    pool_size,
-)
+from stores.postgres import POOL_TIMEOUT, PostgresStore, open_pool, pool_size
+from stores.postgres_errors import BACKEND, one_line, translated
 from stores.refusal import refused_outcome
 
 # A claim (or heartbeat) that meets a locked key row gives up after this long:
@@ -87,6 +80,7 @@ class TransactionalStore(PostgresStore):
     # -- the claim never waits for a row lock ---------------------------------------------
 
     # One claim per key: a lock timeout on one key's row must not fail a batch.
+    # (PostgresStore's batches are typed as the contract's, so these fit.)
     claim_many = Store.claim_many
     complete_many = Store.complete_many
 
@@ -143,9 +137,10 @@ class TransactionalStore(PostgresStore):
 
         ``work`` gets the connection and an :class:`Outbox` to stage messages in,
         and returns the handler's result. Raises :class:`FencedOut` or whatever
-        ``work`` or the server raised, with nothing committed; or
-        :class:`StoreUnavailable` when the connection broke, in which case the
-        key's record tells whether the commit landed.
+        ``work`` raised, with nothing committed; the store errors of the
+        server's failures in the store's own statements (the outbox rows, the
+        completion); or :class:`StoreUnavailable` when the connection broke, in
+        which case the key's record tells whether the commit landed.
         """
         entry = (key, fence)
         async with self._unit_connection() as conn:
@@ -155,16 +150,17 @@ class TransactionalStore(PostgresStore):
                     result = await work(conn, outbox)
                     data = self.encode_result(result).decode()
                     namespaced = self.config.namespaced(key)
-                    await self.outbox.insert(conn, namespaced, fence, outbox.staged)
-                    # Last, so the key's row stays locked only until the commit.
-                    self._finishing[entry] = Phase.COMPLETING
-                    params = self._params(key, fence=fence, result=data)
-                    completed = await conn.execute(self._sql.complete, params)
+                    with translated():  # the store's statements; the handler's errors are its own
+                        await self.outbox.insert(conn, namespaced, fence, outbox.staged)
+                        # Last, so the key's row stays locked only until the commit.
+                        self._finishing[entry] = Phase.COMPLETING
+                        params = self._params(key, fence=fence, result=data)
+                        completed = await conn.execute(self._sql.complete, params)
                     if completed.rowcount != 1:
                         raise FencedOut(key, fence)
             except Exception as exc:
                 self._finishing.pop(entry, None)
-                if conn.broken:
+                if conn.broken and not isinstance(exc, StoreError):
                     raise StoreUnavailable(BACKEND, one_line(exc)) from exc
                 raise
             except BaseException:  # cancelled: the transaction was rolled back, or is in doubt
@@ -176,16 +172,15 @@ class TransactionalStore(PostgresStore):
 
     @contextlib.asynccontextmanager
     async def _unit_connection(self) -> AsyncIterator[AsyncConnection[Any]]:
-        while True:
-            try:
-                conn: AsyncConnection[Any] = await self._units.getconn(timeout=POOL_TIMEOUT)
-                break
-            except PoolTimeout:
-                # Every connection is busy with a handler, or the server is away:
-                # only the latter is an outage; otherwise wait for a turn.
-                await self.ping()
-            except UNAVAILABLE as exc:
-                raise StoreUnavailable(BACKEND, one_line(exc)) from exc
+        with translated():
+            while True:
+                try:
+                    conn: AsyncConnection[Any] = await self._units.getconn(timeout=POOL_TIMEOUT)
+                    break
+                except PoolTimeout:
+                    # Every connection is busy with a handler, or the server is away:
+                    # only the latter is an outage; otherwise wait for a turn.
+                    await self.ping()
         try:
             yield conn
         finally:
@@ -195,11 +190,9 @@ class TransactionalStore(PostgresStore):
 
     @contextlib.asynccontextmanager
     async def _session(self) -> AsyncIterator[AsyncConnection[Any]]:
-        try:
+        with translated():
             async with self._pool.connection() as conn:
                 yield conn
-        except UNAVAILABLE as exc:
-            raise StoreUnavailable(BACKEND, one_line(exc)) from exc
 
     async def relay(self, limit: int, publish: Publish) -> int:
         """Take up to ``limit`` unsent rows, ``publish`` them, record the answers, commit.

@@ -16,6 +16,11 @@ Cluster refuses a script whose keys span hash slots (CROSSSLOT), and the
 distinct keys of a batch nearly always do; there a batch would have to be
 split by slot, about one call per key again. A single-key call's script
 touches only its own key, as Cluster would require.
+
+The server's errors are sorted in :mod:`stores.redis_errors`. A key that a
+foreign value of another type holds is refused on its own: a batch script
+reads every key before it writes any and answers such a key with a marker,
+and a single-key script fails on its first read of it, before any write.
 """
 
 from __future__ import annotations
@@ -28,9 +33,7 @@ import orjson
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import InvalidResponse, ReadOnlyError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import RedisError, ResponseError
 
 from stores.base import (
     POISON_ERROR,
@@ -44,7 +47,8 @@ from stores.base import (
     StoreConfig,
 )
 from stores.codec import from_epoch_ms
-from stores.errors import StoreUnavailable
+from stores.errors import KeyRefused
+from stores.redis_errors import foreign, passes, store_error
 from stores.redis_eval import Script, evalsha, pack_script
 
 CONNECT_TIMEOUT = 2.0
@@ -55,17 +59,6 @@ POOL_WAIT = 5.0
 """Seconds an operation waits for a free pooled connection; then the store counts as down."""
 
 NO_PERSISTENCE = "Redis keeps nothing on disk: a restart forgets every key"
-
-# Besides lost connections: a replica refuses writes until clients follow a
-# failover, and a peer that does not speak RESP (a proxy, a TLS port reached
-# in clear) is no store either. Both pass once fixed, so deliveries wait.
-_UNREACHABLE = (
-    RedisConnectionError,
-    RedisTimeoutError,
-    ReadOnlyError,
-    InvalidResponse,
-    OSError,
-)
 
 _SCRIPTS = Path(__file__).with_name("redis_scripts")
 
@@ -88,6 +81,7 @@ HEARTBEAT = _lua("common", "fenced", "heartbeat")
 RESET = _lua("common", "reset")
 
 _WRITTEN = ord("1")  # complete.lua's answer for a key it wrote
+_REFUSED = ord("R")  # and for a key a foreign value holds
 # Looked up per key of a batch; a dict is several times cheaper than Enum(value).
 _STATUS = {s.value: s for s in Status}
 _OUTCOME = {o.value: o for o in Outcome}
@@ -148,17 +142,24 @@ class RedisStore(Store):
     def _key(self, key: str) -> bytes:
         return self._prefix + key.encode()
 
-    async def _call(self, operation: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, operation: Callable[[], Awaitable[T]], key: str | None = None) -> T:
+        """Run ``operation``, its server's errors sorted (see :mod:`stores.redis_errors`);
+        ``key`` is the one key of a single-key script."""
         try:
             return await operation()
-        except _UNREACHABLE as exc:
-            raise StoreUnavailable(self.backend, f"{type(exc).__name__}: {exc}") from exc
+        except (RedisError, OSError) as exc:
+            error = store_error(self.backend, exc, key)
+            if error is None:
+                raise
+            raise error from exc
 
-    async def _eval(self, script: Script, keys: Sequence[bytes], args: Sequence[bytes]) -> Any:
+    async def _eval(
+        self, script: Script, keys: Sequence[bytes], args: Sequence[bytes], key: str | None = None
+    ) -> Any:
         command = pack_script(script, keys, args)
-        return await self._call(lambda: evalsha(self._pool, script, command))
+        return await self._call(lambda: evalsha(self._pool, script, command), key)
 
-    async def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+    async def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Claim | KeyRefused]:
         if not requests:
             return []
         reply = await self._eval(
@@ -167,12 +168,14 @@ class RedisStore(Store):
             [*self._claim_args, *(r.fingerprint.encode() for r in requests)],
         )
         now, *answers = orjson.loads(reply)
-        claims = []
+        claims: list[Claim | KeyRefused] = []
         fresh: Callable[[ClaimRequest], Claim] | None = None
         for request, answer in zip(requests, answers, strict=True):
             if answer == 0:
                 fresh = fresh or self._fresh(now)
                 claims.append(fresh(request))
+            elif type(answer) is str:  # the type of a foreign value at the key
+                claims.append(KeyRefused(request.key, foreign(answer)))
             else:
                 claims.append(Claim(_OUTCOME[answer[0]], _record(request.key, now, answer)))
         return claims
@@ -192,17 +195,22 @@ class RedisStore(Store):
 
         return claim
 
-    async def complete_many(self, completions: Sequence[Completion]) -> list[bool]:
+    async def complete_many(self, completions: Sequence[Completion]) -> list[bool | KeyRefused]:
         if not completions:
             return []
         args = [self._retention]
         for c in completions:
             args += (b"%d" % c.fence, c.data)
-        reply = await self._eval(COMPLETE, [self._key(c.key) for c in completions], args)
-        return [flag == _WRITTEN for flag in reply]
+        reply: bytes = await self._eval(COMPLETE, [self._key(c.key) for c in completions], args)
+        if _REFUSED not in reply:
+            return [flag == _WRITTEN for flag in reply]
+        return [
+            KeyRefused(c.key, foreign()) if flag == _REFUSED else flag == _WRITTEN
+            for c, flag in zip(completions, reply, strict=True)
+        ]
 
     async def _fenced(self, script: Script, key: str, *args: bytes) -> bool:
-        return bool(await self._eval(script, [self._key(key)], args))
+        return bool(await self._eval(script, [self._key(key)], args, key))
 
     async def release(self, key: str, fence: int) -> bool:
         return await self._fenced(RELEASE, key, b"%d" % fence, self._retention)
@@ -214,7 +222,7 @@ class RedisStore(Store):
         return await self._fenced(HEARTBEAT, key, b"%d" % fence, *self._heartbeat_args)
 
     async def get(self, key: str) -> Record | None:
-        reply = await self._eval(GET, [self._key(key)], ())
+        reply = await self._eval(GET, [self._key(key)], (), key)
         if reply is None:
             return None
         now, answer = orjson.loads(reply)
@@ -226,20 +234,25 @@ class RedisStore(Store):
     async def migrate(self) -> list[str]:
         """Nothing to create; check the server answers and warn if it keeps nothing."""
         await self.ping()
-        try:
-            appendonly, save = await self._call(self._persistence)
-        except ResponseError:
+        found = await self._call(self._persistence)
+        if found is None:
             return []  # managed Redis often disables CONFIG; no way to tell, no warning
+        appendonly, save = found
         if appendonly.get("appendonly") == "no" and not save.get("save"):
             return [NO_PERSISTENCE]
         return []
 
-    async def _persistence(self) -> list[dict[str, str]]:
+    async def _persistence(self) -> list[dict[str, str]] | None:
         # Two CONFIG GETs in one pipeline: several names in one call needs Redis 7.
         async with self._client.pipeline(transaction=False) as pipe:
             pipe.config_get("appendonly")
             pipe.config_get("save")
-            found: list[dict[str, str]] = await pipe.execute()
+            try:
+                found: list[dict[str, str]] = await pipe.execute()
+            except ResponseError as exc:
+                if passes(exc):
+                    raise
+                return None  # CONFIG disabled, renamed or not granted
         return found
 
     async def ping(self) -> None:

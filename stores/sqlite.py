@@ -34,30 +34,13 @@ from stores.base import (
     Store,
     StoreConfig,
 )
-from stores.errors import StoreError, StoreUnavailable
+from stores.errors import StoreError
 from stores.refusal import refused_outcome, written_claim
+from stores.sqlite_errors import BACKEND, store_error
 from stores.sqlite_sql import batch_text, decode, refuse_nul, statements
 
-BACKEND = "sqlite"
 BUSY_TIMEOUT = 5.0  # seconds a writer waits for another process's lock
 MIN_VERSION = (3, 35, 0)  # UPSERT ... RETURNING
-
-# Primary result codes that mean "the database cannot serve us now";
-# anything else (a missing table, a constraint) is a bug to surface as is.
-OUTAGE_CODES = frozenset(
-    {
-        sqlite3.SQLITE_BUSY,
-        sqlite3.SQLITE_LOCKED,
-        sqlite3.SQLITE_NOMEM,
-        sqlite3.SQLITE_READONLY,
-        sqlite3.SQLITE_IOERR,
-        sqlite3.SQLITE_CORRUPT,
-        sqlite3.SQLITE_FULL,
-        sqlite3.SQLITE_CANTOPEN,
-        sqlite3.SQLITE_PROTOCOL,
-        sqlite3.SQLITE_NOTADB,
-    }
-)
 
 A = TypeVar("A")
 T = TypeVar("T")
@@ -84,7 +67,12 @@ def immediate(conn: sqlite3.Connection) -> Iterator[int]:
 
 
 class SqliteStore(Store):
-    """Keys in one SQLite table, shared by the processes of one host."""
+    """Keys in one SQLite table, shared by the processes of one host.
+
+    SQLite's failures become store errors by result code (:mod:`stores.sqlite_errors`).
+    No key is refused alone: a NUL in a key or fingerprint (which the consumer
+    never sends) is refused up front as a ``ValueError``, the batch with it.
+    """
 
     backend = BACKEND
 
@@ -225,15 +213,18 @@ class SqliteStore(Store):
             self._thread.shutdown(wait=False)
 
 
-async def on_thread(thread: ThreadPoolExecutor, work: Callable[[A], T], arg: A) -> T:
-    """Run blocking ``work`` on the store's thread; outages become StoreUnavailable."""
+async def on_thread(
+    thread: ThreadPoolExecutor, work: Callable[[A], T], arg: A, *, opening: bool = False
+) -> T:
+    """Run blocking ``work`` on the store's thread (``opening`` the store);
+    SQLite's failures become store errors (:mod:`stores.sqlite_errors`)."""
     try:
         return await asyncio.get_running_loop().run_in_executor(thread, work, arg)
     except sqlite3.Error as exc:
-        code = getattr(exc, "sqlite_errorcode", None)
-        if code is None or code & 0xFF not in OUTAGE_CODES:
+        error = store_error(exc, opening=opening)
+        if error is None:
             raise
-        raise StoreUnavailable(BACKEND, str(exc)) from exc
+        raise error from exc
 
 
 def connect(path: str) -> sqlite3.Connection:
@@ -261,7 +252,7 @@ async def open_store(*, path: str, table: str, config: StoreConfig) -> Store:
         )
     thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semel-sqlite")
     try:
-        conn = await on_thread(thread, connect, path)
+        conn = await on_thread(thread, connect, path, opening=True)
     except BaseException:
         thread.shutdown(wait=False)
         raise

@@ -13,13 +13,15 @@
 --
 -- Returns JSON text [server_ms, answer for KEYS[1], ...]: 0 for a key that
 -- was absent and is now claimed (fence 1, claims 1, lease and first_seen
--- from server_ms, TTL of a live record), else the record_json of the key.
+-- from server_ms, TTL of a live record); a JSON string, the name of its
+-- type, for a key a foreign value holds (refused and left untouched); else
+-- the record_json of the key.
 local lock_ms = tonumber(ARGV[1])
 local max_claims = tonumber(ARGV[4])
 local now = server_ms()
 
-local function claim(key, fingerprint)
-  local stored = redis.call('HMGET', key, 'fingerprint', 'status', 'fence', 'claims', 'lease')
+-- `stored`: the key's fields fingerprint, status, fence, claims and lease.
+local function claim(key, fingerprint, stored)
   local stored_fp, status, fence, claims, lease = stored[1], stored[2], stored[3], stored[4], stored[5]
 
   if not stored_fp then
@@ -59,8 +61,20 @@ local function claim(key, fingerprint)
   return record_json(key, 'claimed')
 end
 
+-- Every key is read before any is written: a foreign key is answered alone
+-- and never stops the batch half written.
 local answers = {int(now)}
+local stored = {}
 for i, key in ipairs(KEYS) do
-  answers[i + 1] = claim(key, ARGV[5 + i])
+  local fields, foreign = hmget_or_type(key, 'fingerprint', 'status', 'fence', 'claims', 'lease')
+  stored[i] = fields
+  if foreign then
+    answers[i + 1] = cjson.encode(foreign)
+  end
+end
+for i, key in ipairs(KEYS) do
+  if stored[i] then
+    answers[i + 1] = claim(key, ARGV[5 + i], stored[i])
+  end
 end
 return '[' .. table.concat(answers, ',') .. ']'

@@ -10,3 +10,19 @@ local function server_ms()
   local time = redis.call('TIME')
   return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 end
+
+-- HMGET of `key`, or nil and the key's type when a value of another type
+-- than a hash holds the key (WRONGTYPE): a foreign value, which semel leaves
+-- alone. Any other error is raised as redis.call raises it. Batches read
+-- every key through this before writing any, so a foreign key is answered on
+-- its own and never stops a batch half written.
+local function hmget_or_type(key, ...)
+  local fields = redis.pcall('HMGET', key, ...)
+  if fields.err == nil then
+    return fields
+  end
+  if string.sub(fields.err, 1, 10) ~= 'WRONGTYPE ' then
+    error(fields)
+  end
+  return nil, redis.call('TYPE', key).ok
+end

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+from collections.abc import Sequence
 from multiprocessing.synchronize import Barrier
+from typing import TypeVar
 
 from settings import Settings
 from stores.base import ClaimRequest, Outcome
+from stores.errors import KeyRefused
 from tests.conftest import open_store
 
 Outcomes = dict[str, list[tuple[str, int]]]
+T = TypeVar("T")
+
+
+def decided(answers: Sequence[T | KeyRefused]) -> list[T]:
+    """A batch's answers, none of them a refusal: no key of these tests is refused."""
+    assert not any(isinstance(answer, KeyRefused) for answer in answers), answers
+    return [answer for answer in answers if not isinstance(answer, KeyRefused)]
 
 
 async def _claim_all(
@@ -22,7 +32,8 @@ async def _claim_all(
         await asyncio.to_thread(go.wait, 60)
         if batch:  # each claimer asks for every key in one claim_many
             requests = [ClaimRequest(key, "f" * 64) for key in keys]
-            answers = await asyncio.gather(*(store.claim_many(requests) for _ in range(claimers)))
+            batches = (store.claim_many(requests) for _ in range(claimers))
+            answers = [decided(a) for a in await asyncio.gather(*batches)]
             return {
                 key: [(str(a[i].outcome), a[i].fence) for a in answers]
                 for i, key in enumerate(keys)

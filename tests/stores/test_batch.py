@@ -14,7 +14,7 @@ import pytest
 
 from stores.base import ClaimRequest, Completion, Outcome, Status, Store
 from tests.conftest import BACKENDS, SettingsFactory, StoreFactory
-from tests.stores.race import assert_one_winner_per_key
+from tests.stores.race import assert_one_winner_per_key, decided
 from tests.stores.test_contract import take_over
 
 pytestmark = [pytest.mark.parametrize("backend", BACKENDS), pytest.mark.timeout(60)]
@@ -30,7 +30,7 @@ def done(store: Store, key: str, fence: int, result: object) -> Completion:
 async def test_new_keys_are_claimed_in_order(make_store: StoreFactory) -> None:
     store = await make_store()
     keys = [f"n{i}" for i in range(40)]
-    claims = await store.claim_many([ClaimRequest(k, FP) for k in keys])
+    claims = decided(await store.claim_many([ClaimRequest(k, FP) for k in keys]))
     assert [c.record.key for c in claims] == keys
     assert {c.outcome for c in claims} == {Outcome.CLAIMED}
     assert all(c.fence >= 1 and c.record.status is Status.IN_PROGRESS for c in claims)
@@ -59,16 +59,18 @@ async def test_every_outcome_in_one_batch(make_store: StoreFactory) -> None:
     released = await store.claim("released", FP)
     assert await store.release("released", released.fence)
 
-    claims = await store.claim_many(
-        [
-            ClaimRequest("fresh", FP),
-            ClaimRequest("held", FP),
-            ClaimRequest("finished", FP),
-            ClaimRequest("failed", FP),
-            ClaimRequest("other-fp", OTHER_FP),
-            ClaimRequest("poison", FP),
-            ClaimRequest("released", FP),
-        ]
+    claims = decided(
+        await store.claim_many(
+            [
+                ClaimRequest("fresh", FP),
+                ClaimRequest("held", FP),
+                ClaimRequest("finished", FP),
+                ClaimRequest("failed", FP),
+                ClaimRequest("other-fp", OTHER_FP),
+                ClaimRequest("poison", FP),
+                ClaimRequest("released", FP),
+            ]
+        )
     )
     by_key = {c.record.key: c for c in claims}
     assert [c.record.key for c in claims] == [
@@ -123,9 +125,8 @@ async def test_concurrent_batches_of_the_same_keys_have_one_winner(
 ) -> None:
     store = await make_store()
     keys = [f"c{i}" for i in range(30)]
-    answers = await asyncio.gather(
-        *(store.claim_many([ClaimRequest(k, FP) for k in keys]) for _ in range(8))
-    )
+    batches = (store.claim_many([ClaimRequest(k, FP) for k in keys]) for _ in range(8))
+    answers = [decided(a) for a in await asyncio.gather(*batches)]
     for i, key in enumerate(keys):
         won = [a[i] for a in answers if a[i].outcome is Outcome.CLAIMED]
         assert len(won) == 1, f"{key}: {len(won)} winners"

@@ -17,7 +17,7 @@ from stores import dynamodb_table
 from stores.base import Claim, Outcome, Status, Store
 from stores.dynamodb import RESULT_LIMIT, DynamoDBStore
 from stores.dynamodb_items import TTL_ATTRIBUTE, Instant, Item, decide, number, string
-from stores.errors import ResultTooLarge, StoreUnavailable
+from stores.errors import ResultTooLarge, StoreMisconfigured
 from tests.conftest import SettingsFactory, StoreFactory, open_store
 
 both_servers = pytest.mark.parametrize("backend", ["dynamodb-moto", "dynamodb-dynalite"])
@@ -162,13 +162,14 @@ def test_a_repeated_claim_write_is_recognised_as_ours() -> None:
 
 
 @both_servers
-async def test_missing_table_is_unavailable(make_settings: SettingsFactory) -> None:
+async def test_missing_table_is_misconfigured(make_settings: SettingsFactory) -> None:
     store = await open_store(make_settings(dynamodb_table="semel_never_migrated"))
     try:
-        with pytest.raises(StoreUnavailable) as info:
+        with pytest.raises(StoreMisconfigured) as info:
             await store.claim("k", FP)
-        assert "ResourceNotFoundException" in str(info.value)
-        with pytest.raises(StoreUnavailable):
+        assert "semel_never_migrated" in str(info.value)
+        assert "semel migrate" in str(info.value)
+        with pytest.raises(StoreMisconfigured):
             await store.ping()
     finally:
         await store.close()

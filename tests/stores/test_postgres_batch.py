@@ -13,6 +13,7 @@ import pytest
 from stores.base import ClaimRequest, Completion, Outcome, Store
 from stores.postgres import PostgresStore
 from tests.conftest import StoreFactory
+from tests.stores.race import decided
 from tests.stores.test_postgres import statements_sent
 
 pytestmark = pytest.mark.timeout(90)
@@ -86,7 +87,7 @@ async def test_full_batch_answers_as_single_claims_would(
     requests = await prepare(batch_store, postgres_server, 256)
     assert requests == await prepare(single_store, postgres_server, 256)
 
-    batched = await batch_store.claim_many(requests)
+    batched = decided(await batch_store.claim_many(requests))
     singles = [await single_store.claim(r.key, r.fingerprint) for r in requests]
     assert [summary(c) for c in batched] == [summary(c) for c in singles]
     assert [c.outcome for c in batched[:KINDS]] == [
@@ -109,7 +110,7 @@ async def test_full_batch_answers_as_single_claims_would(
             out.append(Completion(claim.record.key, fence, store.encode_result([i])))
         return [*out, Completion("missing", 1, b"null")]
 
-    written = await batch_store.complete_many(completions(batch_store, batched))
+    written = decided(await batch_store.complete_many(completions(batch_store, batched)))
     one_by_one = [
         await single_store.complete_encoded(c) for c in completions(single_store, singles)
     ]
@@ -150,7 +151,7 @@ async def test_rows_that_change_between_refusal_and_read(
 
     monkeypatch.setattr(store, "_rows", meddling)
     order = list(reversed(keys))
-    claims = await store.claim_many([ClaimRequest(key, FP) for key in order])
+    claims = decided(await store.claim_many([ClaimRequest(key, FP) for key in order]))
     assert [c.record.key for c in claims] == order
     by_key = {c.record.key: c for c in claims}
     assert (by_key["held"].outcome, by_key["held"].fence) == (Outcome.IN_PROGRESS, 1)
@@ -172,14 +173,14 @@ async def test_one_statement_per_batch_unless_refused(
         return [text.split()[0] for text in statements]
 
     keys = [f"s{i}" for i in range(256)]
-    claims = await store.claim_many([ClaimRequest(k, FP) for k in keys])
+    claims = decided(await store.claim_many([ClaimRequest(k, FP) for k in keys]))
     sent = first_words()
     assert sent == ["INSERT"]
     done = [Completion(c.record.key, c.fence, b"1") for c in claims]
     assert await store.complete_many(done) == [True] * 256
     sent = first_words()
     assert sent == ["INSERT", "UPDATE"]
-    again = await store.claim_many([ClaimRequest(k, FP) for k in keys])
+    again = decided(await store.claim_many([ClaimRequest(k, FP) for k in keys]))
     assert {c.outcome for c in again} == {Outcome.DUPLICATE}
     sent = first_words()
     assert sent == ["INSERT", "UPDATE", "INSERT", "SELECT"]
@@ -195,7 +196,8 @@ async def test_batches_in_opposite_orders_do_not_deadlock(make_store: StoreFacto
     loop = asyncio.get_running_loop()
     start = loop.time()
     for _ in range(10):
-        answers = await asyncio.gather(*(store.claim_many(r) for r in [forward, backward] * 3))
+        batches = (store.claim_many(r) for r in [forward, backward] * 3)
+        answers = [decided(a) for a in await asyncio.gather(*batches)]
         assert all(c.outcome is Outcome.IN_PROGRESS for a in answers for c in a)
     # A deadlock is detected only after deadlock_timeout (1 s), then sent again.
     assert loop.time() - start < 5
@@ -215,7 +217,7 @@ async def test_a_lost_deadlock_is_sent_again(
         return await execute(self, query, *args, **kw)
 
     monkeypatch.setattr(psycopg.AsyncCursor, "execute", losing)
-    claims = await store.claim_many([ClaimRequest("a", FP), ClaimRequest("b", FP)])
+    claims = decided(await store.claim_many([ClaimRequest("a", FP), ClaimRequest("b", FP)]))
     assert [c.outcome for c in claims] == [Outcome.CLAIMED, Outcome.CLAIMED]
     lost.clear()
     done = [Completion(c.record.key, c.fence, b"1") for c in claims]

@@ -6,15 +6,15 @@ import asyncio
 import shutil
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from stores.base import ClaimRequest, Completion, Outcome, Status, Store
-from stores.errors import StoreUnavailable
+from stores.base import Claim, ClaimRequest, Completion, Outcome, Status, Store, answer_of
+from stores.errors import KeyRefused, StoreUnavailable
 from stores.redis import COMMAND_TIMEOUT, NO_PERSISTENCE
 from stores.redis_eval import Script, pack, pack_script
 from tests.conftest import SettingsFactory, StoreFactory, open_store
@@ -24,6 +24,11 @@ pytestmark = pytest.mark.timeout(60)
 
 FP = "f" * 64
 OTHER_FP = "0" * 64
+
+
+def _claimed(answers: Sequence[Claim | KeyRefused]) -> list[Claim]:
+    """The claims of a batch no key of which was refused (a refusal is raised)."""
+    return [answer_of(answer) for answer in answers]
 
 
 @pytest.fixture
@@ -95,7 +100,7 @@ async def test_each_operation_is_one_evalsha(make_store: StoreFactory, server: R
 
 async def _batches(store: Store) -> None:
     """One claim_many and one complete_many of 50 keys each."""
-    claims = await store.claim_many([ClaimRequest(f"b{i}", FP) for i in range(50)])
+    claims = _claimed(await store.claim_many([ClaimRequest(f"b{i}", FP) for i in range(50)]))
     assert {c.outcome for c in claims} == {Outcome.CLAIMED}
     done = [Completion(c.record.key, c.fence, store.encode_result(i)) for i, c in enumerate(claims)]
     assert await store.complete_many(done) == [True] * 50
@@ -168,7 +173,7 @@ async def test_batches_survive_a_script_cache_flush(
     store = await make_store()
     await store.claim_many([ClaimRequest("before", FP)])
     await server.script_flush()
-    claims = await store.claim_many([ClaimRequest(f"after-{i}", FP) for i in range(5)])
+    claims = _claimed(await store.claim_many([ClaimRequest(f"after-{i}", FP) for i in range(5)]))
     assert [c.outcome for c in claims] == [Outcome.CLAIMED] * 5
     assert [c.fence for c in claims] == [1] * 5  # claimed once: the reload ran nothing twice
     await server.script_flush()
@@ -209,8 +214,10 @@ async def test_free_text_and_results_survive_the_reply(
     claim = await store.claim("done", odd)
     result = {"text": odd, "nested": [1, 2.5, None, True, {"k": "v"}], "big": 2**62}
     assert await store.complete("done", claim.fence, result)
-    failed, done, mismatch = await store.claim_many(
-        [ClaimRequest("failed", FP), ClaimRequest("done", odd), ClaimRequest("done", FP)]
+    failed, done, mismatch = _claimed(
+        await store.claim_many(
+            [ClaimRequest("failed", FP), ClaimRequest("done", odd), ClaimRequest("done", FP)]
+        )
     )
     assert (failed.outcome, failed.record.error) == (Outcome.FAILED, odd)
     assert (done.outcome, done.record.result) == (Outcome.DUPLICATE, result)
@@ -227,7 +234,7 @@ async def test_a_url_asking_for_decoded_replies_changes_nothing(
 ) -> None:
     store = await open_store(make_settings(redis_url=f"{redis_server}?decode_responses=True"))
     try:
-        claims = await store.claim_many([ClaimRequest("a", FP), ClaimRequest("b", FP)])
+        claims = _claimed(await store.claim_many([ClaimRequest("a", FP), ClaimRequest("b", FP)]))
         done = [Completion(c.record.key, c.fence, store.encode_result(1)) for c in claims]
         assert await store.complete_many(done) == [True, True]
         assert (await store.claim("a", FP)).record.result == 1
@@ -296,7 +303,7 @@ async def test_stopped_server_is_unavailable_then_recovers(
         # The pooled connection died with the old server; a new one is opened
         # and the new server's empty script cache is filled on the way.
         assert (await store.claim("k", FP)).outcome is Outcome.CLAIMED
-        claims = await store.claim_many([ClaimRequest("k", FP), ClaimRequest("k2", FP)])
+        claims = _claimed(await store.claim_many([ClaimRequest("k", FP), ClaimRequest("k2", FP)]))
         assert [c.outcome for c in claims] == [Outcome.IN_PROGRESS, Outcome.CLAIMED]
     finally:
         await store.close()

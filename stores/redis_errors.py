@@ -1,0 +1,140 @@
+"""What a Redis server's errors mean to semel: wait for it, stop and say, or refuse a key.
+
+An error reply starts with its code, the first word (``OOM command not
+allowed...``); one raised inside a script keeps it and gains a
+``script: <sha>, on @user_script:<line>.`` tail. redis-py parses the codes
+it knows into exception classes, so those are sorted by class, the rest by
+their code:
+
+- passes: lost connections and timeouts, a full server (``OOM``), failing
+  snapshots (``MISCONF``), a replica (``READONLY``, ``MASTERDOWN``),
+  ``LOADING``, a long script (``BUSY``), too few replicas (``NOREPLICAS``),
+  a resharding or failing cluster (``TRYAGAIN``, ``CLUSTERDOWN``):
+  :class:`StoreUnavailable`, the consumer waits and loses nothing;
+- the operator's to fix: credentials (``NOAUTH``, ``WRONGPASS``), an ACL
+  (``NOPERM``), a Redis Cluster (``MOVED``, ``ASK``, ``CROSSSLOT``), a
+  command disabled or renamed (``unknown command``): :class:`StoreMisconfigured`;
+- ``WRONGTYPE`` from a single-key script: a foreign value at that key,
+  :class:`KeyRefused` (the batch scripts answer such a key themselves).
+
+Anything else (an error in semel's own scripts, say) is not the server's
+trouble and goes through as it came.
+"""
+
+from __future__ import annotations
+
+from redis.exceptions import (
+    AskError,
+    AuthenticationError,
+    AuthenticationWrongNumberOfArgsError,
+    ClusterCrossSlotError,
+    ClusterDownError,
+    InvalidResponse,
+    NoPermissionError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from stores.errors import KeyRefused, StoreError, StoreMisconfigured, StoreUnavailable
+
+# AuthenticationError is a ConnectionError, so these are looked at first.
+# MovedError is an AskError.
+_CREDENTIALS = (AuthenticationError, AuthenticationWrongNumberOfArgsError)
+_CLUSTER = (AskError, ClusterCrossSlotError)
+# BusyLoadingError (LOADING) is a ConnectionError, MasterDownError a ClusterDownError.
+# A peer that does not speak RESP (a proxy, a TLS port reached in clear) fails
+# as InvalidResponse: no store either until fixed.
+_PASSING = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    InvalidResponse,
+    OSError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    TryAgainError,
+    ClusterDownError,
+)
+_PASSING_CODES = frozenset(
+    {"OOM", "MISCONF", "BUSY", "LOADING", "NOREPLICAS", "READONLY", "MASTERDOWN"}
+    | {"TRYAGAIN", "CLUSTERDOWN"}  # a cluster resharding or failing over
+)
+_CLUSTER_CODES = frozenset({"MOVED", "ASK", "CROSSSLOT"})
+_CREDENTIALS_CODES = frozenset({"NOAUTH", "WRONGPASS"})
+# Messages after the ERR code, which redis-py strips: a command the server
+# lacks, sent by the client or called from a script; and an ACL refusing a
+# command called from a script (the script's own call is refused as NOPERM).
+_UNKNOWN_COMMAND = ("unknown command", "unknown redis command")
+_DENIED_IN_SCRIPT = "the user executing the script can't"
+
+CREDENTIALS = "the Redis server refused the URL's credentials"
+NO_PERMISSION = (
+    "the Redis user may not run what semel runs: EVALSHA, EVAL and PING, and inside "
+    "its scripts TIME, EXISTS, TYPE, HMGET, HSET, HDEL, PEXPIRE and PTTL on its key prefix"
+)
+CLUSTER = (
+    "a Redis Cluster answered; semel needs one server holding every key: "
+    "a standalone Redis, or one failed over by Sentinel"
+)
+UNKNOWN_COMMAND = "the Redis server lacks a command semel needs (disabled or renamed)"
+
+
+def foreign(kind: str = "value of another type") -> str:
+    """Why a key is refused: a Redis ``kind`` (string, list...) holds it, not semel's hash."""
+    return f"a Redis {kind} holds the key, not semel's hash"
+
+
+def error_code(exc: ResponseError) -> str:
+    """The reply's code: its first word, moved to ``status_code`` for codes redis-py knows."""
+    code: str | None = getattr(exc, "status_code", None)  # redis-py 6 and later
+    return code or str(exc).partition(" ")[0]
+
+
+def misconfiguration(exc: BaseException) -> str | None:
+    """What the operator must fix when ``exc`` says the server is not set up for semel."""
+    if isinstance(exc, _CREDENTIALS):
+        return CREDENTIALS
+    if isinstance(exc, _CLUSTER):
+        return CLUSTER
+    if isinstance(exc, NoPermissionError):
+        return NO_PERMISSION
+    if not isinstance(exc, ResponseError):
+        return None
+    code = error_code(exc)
+    if code in _CREDENTIALS_CODES:
+        return CREDENTIALS
+    if code in _CLUSTER_CODES:
+        return CLUSTER
+    message = str(exc).lower()
+    if code == "NOPERM" or message.startswith(_DENIED_IN_SCRIPT):
+        return NO_PERMISSION
+    if message.startswith(_UNKNOWN_COMMAND):
+        return UNKNOWN_COMMAND
+    return None
+
+
+def passes(exc: BaseException) -> bool:
+    """Whether ``exc`` is a condition that passes: the server is down, full, busy or moving."""
+    if isinstance(exc, _PASSING):
+        return True
+    return isinstance(exc, ResponseError) and error_code(exc) in _PASSING_CODES
+
+
+def store_error(backend: str, exc: RedisError | OSError, key: str | None) -> StoreError | None:
+    """The store error ``exc`` stands for; ``None`` for none of the server's known refusals.
+
+    ``key`` is the one key of a single-key script, which ``WRONGTYPE`` refuses.
+    """
+    described = f"{type(exc).__name__}: {exc}"
+    fix = misconfiguration(exc)
+    if fix is not None:
+        return StoreMisconfigured(f"{fix}: {described}")
+    if passes(exc):
+        return StoreUnavailable(backend, described)
+    if key is not None and isinstance(exc, ResponseError) and error_code(exc) == "WRONGTYPE":
+        return KeyRefused(key, foreign())
+    return None
