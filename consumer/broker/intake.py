@@ -135,13 +135,20 @@ class Intake:
     async def pause(self) -> None:
         self._wanted = False  # a pending consume-again sees it and stops
         try:
-            # Bounded: an attach under way may be waiting for a reconnect.
+            # Bounded: an attach under way may be waiting for a reconnect; it
+            # then sees _wanted and cancels what it attached itself.
             async with asyncio.timeout(BROKER_CALL_TIMEOUT), self._lock:
-                tag, on, self._tag = self._tag, self._on, None
-                if tag is not None and on is not None:
-                    await on.basic_cancel(tag)
-        except Exception as exc:  # the channel may be gone already
+                await self._detach()
+        except Exception as exc:  # the channel may be gone, or the cancel not answered
             log.debug("consumer cancel not sent", error=repr(exc))
+
+    async def _detach(self) -> None:
+        """Cancel the consumer; its tag is forgotten only once it is really gone
+        (cancelled, or its channel closed), so a resume never adds a second one."""
+        tag, on = self._tag, self._on
+        if tag is not None and on is not None and not on.is_closed:
+            await on.basic_cancel(tag)
+        self._tag = None
 
     async def _attach(self) -> None:
         async with self._lock:
@@ -151,6 +158,8 @@ class Intake:
             channel.on_consumer_cancel_callbacks.add(self._cancelled)
             ok = await channel.basic_consume(self._queue, self._deliver, no_ack=False)
             self._tag, self._on = ok.consumer_tag, channel
+            if not self._wanted:  # paused while the consume was on its way
+                await self._detach()
 
     async def _deliver(self, message: DeliveredMessage) -> None:
         await self._callback(AmqpDelivery(message))

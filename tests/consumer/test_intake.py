@@ -14,9 +14,11 @@ import pytest
 from aio_pika.abc import AbstractRobustChannel, AbstractRobustConnection
 from aio_pika.message import IncomingMessage
 from aiormq.abc import AbstractChannel, DeliveredMessage
+from aiormq.exceptions import ChannelInvalidStateError
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
+from consumer.broker import intake as intake_module
 from consumer.broker.copies import copy_message
 from consumer.broker.intake import AmqpDelivery, Intake
 from consumer.errors import AlreadySettled
@@ -213,3 +215,77 @@ async def test_a_reopen_finding_the_consumer_on_the_new_channel_adds_none(
     await probe.close()
     assert declared.declaration_result.message_count == 1
     assert received.queue.empty()
+
+
+async def _consumers(connection: AbstractRobustConnection, queue: str) -> int:
+    probe = await connection.channel()
+    declared = await probe.declare_queue(queue, passive=True)
+    await probe.close()
+    return int(declared.declaration_result.consumer_count or 0)
+
+
+async def test_a_consume_answered_after_a_pause_gave_up_is_cancelled(
+    connection: AbstractRobustConnection, queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(intake_module, "BROKER_CALL_TIMEOUT", 0.2)
+    channel = await connection.channel()
+    underlay = await channel.get_underlay_channel()
+    consume = underlay.basic_consume
+    sent, answered = asyncio.Event(), asyncio.Event()
+
+    async def slow_consume(*args: Any, **kwargs: Any) -> Any:
+        sent.set()
+        await asyncio.sleep(1.0)  # longer than the pause waits for the attach
+        try:
+            return await consume(*args, **kwargs)
+        finally:
+            answered.set()
+
+    monkeypatch.setattr(underlay, "basic_consume", slow_consume)
+    intake = Intake(channel, queue, Received())
+    resuming = asyncio.create_task(intake.resume())
+    await asyncio.wait_for(sent.wait(), 10)  # the attach is under way
+    await intake.pause()  # gives up waiting for it after 0.2 s
+    await asyncio.wait_for(answered.wait(), 10)
+    await asyncio.wait_for(resuming, 10)
+    assert not intake.consuming
+    assert await _consumers(connection, queue) == 0, "a paused intake kept consuming"
+
+
+async def test_a_cancel_that_failed_keeps_the_tag_so_resume_adds_no_second_consumer(
+    connection: AbstractRobustConnection, queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    channel, intake, _ = await started(connection, queue)
+    underlay = await channel.get_underlay_channel()
+    cancel = underlay.basic_cancel
+    failures = [TimeoutError("cancel not answered")]
+
+    async def flaky_cancel(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return await cancel(*args, **kwargs)
+
+    monkeypatch.setattr(underlay, "basic_cancel", flaky_cancel)
+    await intake.pause()  # the cancel fails: the broker still has the consumer
+    await intake.resume()
+    assert await _consumers(connection, queue) == 1, "resume attached a second consumer"
+    await intake.pause()  # the cancel goes through this time
+    assert await _consumers(connection, queue) == 0
+
+
+async def test_settling_on_a_channel_that_closed_is_refused_and_the_connection_lives(
+    connection: AbstractRobustConnection, queue: str
+) -> None:
+    channel, intake, received = await started(connection, queue)
+    await publish(connection, queue, b"in flight")
+    message = await received.next()
+    underlay = await channel.get_underlay_channel()
+    await underlay.basic_ack(999_999)  # an unknown tag: the broker closes this channel
+    await eventually(holds(lambda: underlay.is_closed), what="the channel closed")
+    with pytest.raises(ChannelInvalidStateError):  # refused here, never sent
+        await message.ack()
+    redelivered = await received.next()  # on the reopened channel, same connection
+    assert redelivered.body == b"in flight"
+    await redelivered.ack()
+    assert not connection.is_closed
+    await intake.pause()
