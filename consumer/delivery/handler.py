@@ -1,7 +1,7 @@
 """The user's handler: loading it, the context it gets, and calling it.
 
 An async handler is awaited on the event loop; a plain one runs on a thread
-of its own (see :func:`invoke`). Running it under a lease is
+of its own (see :func:`start_in_thread`). Running it under a lease is
 :mod:`consumer.delivery.lease`'s business.
 """
 
@@ -62,18 +62,14 @@ def is_async(handler: Handler) -> bool:
     return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
 
 
-async def invoke(handler: Handler, context: Context) -> Any:
-    """Await an async handler; run a plain one on its own thread."""
-    if is_async(handler):
-        return await handler(context)
-    return await _in_daemon_thread(handler, context)
+def start_in_thread(handler: Handler, context: Context) -> asyncio.Future[Any]:
+    """Run a plain handler on a daemon thread of its own; the future its outcome lands in.
 
-
-async def _in_daemon_thread(handler: Handler, context: Context) -> Any:
-    # Not asyncio.to_thread: its executor threads are joined at interpreter
-    # exit, so one stuck handler would keep a stopping worker alive forever.
-    # A daemon thread is abandoned at exit instead; its claim is released and
-    # its fence keeps any late write out.
+    Not asyncio.to_thread: its executor threads are joined at interpreter
+    exit, so one stuck handler would keep a stopping worker alive forever. A
+    daemon thread is abandoned at exit instead. The thread cannot be cancelled:
+    :func:`consumer.delivery.lease.run_leased` keeps the key owned until it ends.
+    """
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
     variables = contextvars.copy_context()
@@ -94,7 +90,12 @@ async def _in_daemon_thread(handler: Handler, context: Context) -> Any:
             loop.call_soon_threadsafe(deliver, *outcome)
 
     threading.Thread(target=target, name="semel-handler", daemon=True).start()
-    result = await future
+    return future
+
+
+async def result_of(finished: asyncio.Future[Any]) -> Any:
+    """The result of a thread that ended (its exception raised)."""
+    result = finished.result()
     if inspect.isawaitable(result):  # a plain function that returned a coroutine
         result = await result
     return result

@@ -10,14 +10,18 @@ heartbeat keeps trying until the lease would have run out, then gives up.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from consumer.delivery.handler import Context, Handler, invoke
+from consumer.delivery.handler import Context, Handler, is_async, result_of, start_in_thread
 from consumer.errors import HandlerTimeout, LeaseLost
 from stores.base import Store
-from stores.errors import StoreUnavailable
+from stores.errors import KeyRefused, StoreError
 
 HEARTBEATS_PER_LEASE = 3
 _CANCEL_WAIT = 5.0  # seconds an async handler gets to honour a cancellation
@@ -31,6 +35,9 @@ class Lease:
     fence: int
     ttl: float
     renewed_at: float
+    # A thread of this worker still runs the handler past its time limit: the
+    # key must not be released, or another worker could run it at the same time.
+    busy: bool = False
 
     @property
     def expires_at(self) -> float:
@@ -64,6 +71,11 @@ class _Renewal:
         self._timer = self._loop.call_later(self._interval, self._due)
         self.lost: BaseException | None = None
 
+    def hold(self) -> None:
+        """Renew for as long as the handler runs, past the time limit: its thread
+        cannot be stopped, and the key must stay this worker's until it ends."""
+        self._give_up_at = math.inf
+
     def _due(self) -> None:
         if not self._stopped and self._loop.time() < self._give_up_at:
             self._beat = self._loop.create_task(self._renew())
@@ -73,7 +85,11 @@ class _Renewal:
         try:
             sent_at = time.monotonic()
             renewed = await self._store.heartbeat(lease.key, lease.fence)
-        except StoreUnavailable as exc:
+        except KeyRefused as exc:
+            # Something else now sits at the key: this worker's claim is gone.
+            self._lose(LeaseLost(str(exc)))
+            return
+        except StoreError as exc:  # unreachable or refusing: the lease may still hold
             # Keep trying while the lease still holds; past it another worker
             # may own the key, so this one must stop.
             if lease.remaining() <= 0:
@@ -106,7 +122,12 @@ class _Renewal:
 
 
 async def run_leased(
-    handler: Handler, context: Context, store: Store, lease: Lease, time_limit: float
+    handler: Handler,
+    context: Context,
+    store: Store,
+    lease: Lease,
+    time_limit: float,
+    overrun: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
 ) -> Any:
     """The handler's result, or its exception, :class:`HandlerTimeout`,
     :class:`LeaseLost` or :class:`StoreUnavailable` (the lease could not be kept).
@@ -114,21 +135,49 @@ async def run_leased(
     The handler runs in the caller's task (no task per delivery for it or its
     heartbeat); an async handler that swallows its cancellation keeps the
     caller waiting, but its lease is no longer renewed past the time limit.
+    A plain handler's thread cannot be cancelled: past the time limit its key
+    stays owned, renewed, until the thread ends (``overrun`` is entered
+    meanwhile, for the metric); only then does the attempt count as failed.
     """
     owner = asyncio.current_task()
     assert owner is not None
     renewal = _Renewal(store, lease, owner, give_up=time_limit + _CANCEL_WAIT)
+    limit: asyncio.Timeout | None = None
     try:
+        if not is_async(handler):
+            return await _in_thread(handler, context, lease, renewal, time_limit, overrun)
         async with asyncio.timeout(time_limit) as limit:
-            return await invoke(handler, context)
+            return await handler(context)
     except asyncio.CancelledError:
         # Cancelled by the renewal alone (nobody else asked): say why instead.
         if renewal.lost is not None and owner.uncancel() == 0:
             raise renewal.lost from None
         raise
     except TimeoutError:
-        if limit.expired():
+        if limit is not None and limit.expired():
             raise HandlerTimeout(f"handler ran longer than {time_limit:g}s") from None
         raise
     finally:
         await renewal.stop()
+
+
+async def _in_thread(
+    handler: Handler,
+    context: Context,
+    lease: Lease,
+    renewal: _Renewal,
+    time_limit: float,
+    overrun: Callable[[], AbstractContextManager[object]],
+) -> Any:
+    running = start_in_thread(handler, context)
+    done, _ = await asyncio.wait({running}, timeout=time_limit)
+    if done:
+        return await result_of(running)
+    lease.busy = True
+    renewal.hold()
+    with overrun():
+        await asyncio.wait({running})  # a shutdown or a lost lease cancels this wait
+    lease.busy = False
+    if not running.cancelled():
+        running.exception()  # retrieved: the attempt failed on time, whatever it raised
+    raise HandlerTimeout(f"handler ran longer than {time_limit:g}s")

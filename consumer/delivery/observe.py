@@ -29,5 +29,9 @@ class Observer:
     def claimed(self, claim: Claim, attempt: int) -> None:
         """The store answered the claim of a delivery's key."""
 
+    def overrun(self) -> AbstractContextManager[object]:
+        """Entered while a plain handler's thread runs past its time limit."""
+        return _NOTHING
+
     def settled(self, delivery: Delivery, decision: Settle, applied: Applied) -> None:
         """``decision`` was applied to the broker; ``applied`` says how it went."""

@@ -99,6 +99,12 @@ class Metrics:
         self.in_flight = Gauge(
             "semel_deliveries_in_flight", "Deliveries being processed now.", registry=r
         )
+        self.handler_threads_overrunning = Gauge(
+            "semel_handler_threads_overrunning",
+            "Plain (thread-run) handlers still running past SEMEL_HANDLER_TIMEOUT; "
+            "their keys stay claimed until each thread ends.",
+            registry=r,
+        )
         self.lease_takeovers = Counter(
             "semel_lease_takeovers_total",
             "Claims granted over an earlier claim of the key that was abandoned "
@@ -195,6 +201,9 @@ class MetricsObserver(Observer):
 
     def delivery(self, message: Incoming) -> AbstractContextManager[object]:
         return self._in_flight
+
+    def overrun(self) -> AbstractContextManager[object]:
+        return self._metrics.handler_threads_overrunning.track_inprogress()
 
     def claimed(self, claim: Claim, attempt: int) -> None:
         if is_takeover(claim, attempt):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 from opentelemetry import propagate, trace
@@ -20,8 +21,7 @@ from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from consumer.broker.copies import bounded
-from consumer.delivery.decide import Applied, DeadLetter, Result, Retry, Settle
+from consumer.delivery.decide import Applied, DeadLetter, Result, Retry, Settle, bounded
 from consumer.delivery.facts import Delivery, origin
 from consumer.delivery.message import Incoming
 from consumer.delivery.observe import Observer
@@ -89,6 +89,9 @@ class SpanObserver(Observer):
 
     def claimed(self, claim: Claim, attempt: int) -> None:
         self._inner.claimed(claim, attempt)
+
+    def overrun(self) -> AbstractContextManager[object]:
+        return self._inner.overrun()
 
     def settled(self, delivery: Delivery, decision: Settle, applied: Applied) -> None:
         self._inner.settled(delivery, decision, applied)
