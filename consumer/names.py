@@ -64,6 +64,7 @@ class Reason(StrEnum):
     MAX_ATTEMPTS = "max-attempts"
     PERMANENT_ERROR = "permanent-error"
     POISON = "poison"
+    STORE_REFUSED = "store-refused"  # the store cannot hold the key (a foreign value there)
 
 
 @dataclass(frozen=True, slots=True)

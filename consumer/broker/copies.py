@@ -13,12 +13,11 @@ from typing import Any
 
 import aio_pika
 
-from consumer.delivery.decide import DeadLetter, Retry
+from consumer.delivery.decide import DeadLetter, Retry, bounded
 from consumer.delivery.facts import Facts, now_iso
 from consumer.delivery.message import Incoming
 from consumer.names import (
     BROKER_HEADERS,
-    ERROR_HEADER_LIMIT,
     H_ATTEMPTS,
     H_DEAD_LETTERED_AT,
     H_ERROR,
@@ -28,11 +27,6 @@ from consumer.names import (
     H_ORIGINAL_ROUTING_KEY,
     H_REASON,
 )
-
-
-def bounded(text: str, limit: int = ERROR_HEADER_LIMIT) -> str:
-    """At most ``limit`` UTF-8 bytes, never cutting a character in half."""
-    return text.encode("utf-8")[:limit].decode("utf-8", "ignore")
 
 
 def carried_headers(headers: Mapping[str, Any]) -> dict[str, Any]:

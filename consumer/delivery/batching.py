@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
 from stores.base import JSON, Claim, ClaimRequest, Completion, DelegatingStore, Store
+from stores.errors import KeyRefused
 
 Request = TypeVar("Request", ClaimRequest, Completion)
 Answer = TypeVar("Answer")
@@ -34,12 +35,12 @@ class Batcher(Generic[Request, Answer]):
 
     def __init__(
         self,
-        send: Callable[[Sequence[Request]], Awaitable[list[Answer]]],
+        send: Callable[[Sequence[Request]], Awaitable[Sequence[Answer | KeyRefused]]],
         *,
         max_batch: int = MAX_BATCH,
         in_flight: int = BATCHES_IN_FLIGHT,
     ) -> None:
-        self._send: Callable[[Sequence[Request]], Awaitable[list[Answer]]] = send
+        self._send: Callable[[Sequence[Request]], Awaitable[Sequence[Answer | KeyRefused]]] = send
         self._max_batch = max_batch
         self._max_in_flight = in_flight
         self._pending: list[tuple[Request, asyncio.Future[Answer]]] = []
@@ -81,20 +82,33 @@ class Batcher(Generic[Request, Answer]):
         self._schedule()
 
     async def _run(self, batch: list[tuple[Request, asyncio.Future[Answer]]]) -> None:
+        failure: BaseException | None = None
         try:
             answers = await self._send([request for request, _ in batch])
+            if len(answers) != len(batch):  # misaligned: no answer can be trusted
+                raise RuntimeError(f"{len(answers)} answers to a batch of {len(batch)}")
+            for (_, future), answer in zip(batch, answers, strict=True):
+                if future.done():
+                    continue
+                if isinstance(answer, KeyRefused):  # that key alone; the others stand
+                    future.set_exception(answer)
+                else:
+                    future.set_result(answer)
         except asyncio.CancelledError:
-            for _, future in batch:
-                future.cancel()
+            failure = asyncio.CancelledError()
             raise
         except Exception as exc:  # every caller of the batch gets the failure
+            failure = exc
+        finally:
+            # Whatever happened above, no caller is left waiting for an answer
+            # that will never come (a store answering the wrong number, say).
             for _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        for (_, future), answer in zip(batch, answers, strict=True):
-            if not future.done():
-                future.set_result(answer)
+                if future.done():
+                    continue
+                if isinstance(failure, asyncio.CancelledError):
+                    future.cancel()
+                else:
+                    future.set_exception(failure or RuntimeError("the batch answered nothing"))
 
     def _sent(self, task: asyncio.Task[None]) -> None:
         self._in_flight.discard(task)

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from consumer.errors import PermanentError
-from consumer.names import Reason
+from consumer.names import ERROR_HEADER_LIMIT, Reason
 from stores.base import POISON_ERROR, Claim
 from stores.base import Outcome as ClaimOutcome
+from stores.errors import KeyRefused, StoreError, StoreMisconfigured
 
 
 class Result(StrEnum):
@@ -47,6 +48,7 @@ class Outcome(StrEnum):
     RETRY = "retry"
     DEAD_LETTER = "dead-letter"
     STORE_UNAVAILABLE = "store-unavailable"
+    STORE_MISCONFIGURED = "store-misconfigured"  # handed back; consumption stops
     SHUTDOWN = "requeued-shutdown"
     COPY_UNCONFIRMED = "requeued-copy-unconfirmed"  # the broker never confirmed the copy
 
@@ -65,6 +67,7 @@ _RESULTS = {
     Outcome.RETRY: Result.RETRIED,
     Outcome.DEAD_LETTER: Result.DEAD_LETTERED,
     Outcome.STORE_UNAVAILABLE: Result.REQUEUED,
+    Outcome.STORE_MISCONFIGURED: Result.REQUEUED,
     Outcome.SHUTDOWN: Result.REQUEUED,
     Outcome.COPY_UNCONFIRMED: Result.REQUEUED,
 }
@@ -157,6 +160,20 @@ MISMATCH_ERROR = "key already used with a different body"
 SHUTDOWN = Requeue("shutdown", outcome=Outcome.SHUTDOWN, store_down=False)
 
 
+def decide_store_error(exc: StoreError) -> Settle:
+    """The store answered with an error instead of a decision: what becomes of the delivery.
+
+    A store that passes out of reach or refuses for a while hands the message
+    back and pauses the worker; one not set up for semel hands it back and
+    stops the worker consuming; a key the store cannot hold is a dead letter.
+    """
+    if isinstance(exc, KeyRefused):
+        return DeadLetter(Reason.STORE_REFUSED, describe(exc))
+    if isinstance(exc, StoreMisconfigured):
+        return Requeue(describe(exc), outcome=Outcome.STORE_MISCONFIGURED)
+    return Requeue(describe(exc))
+
+
 def decide_after_claim(claim: Claim) -> Settle | Run:
     match claim.outcome:
         case ClaimOutcome.CLAIMED:
@@ -196,9 +213,21 @@ def is_takeover(claim: Claim, attempt: int) -> bool:
 
 
 def describe(exc: BaseException) -> str:
-    """``Type: message`` as it goes into logs and ``x-semel-error``."""
+    """``Type: message`` as it goes into logs, ``x-semel-error`` and the store.
+
+    Whatever a handler raised is stored safely: at most ``ERROR_HEADER_LIMIT``
+    bytes of UTF-8 (DynamoDB's items are 400 KB), no NUL (PostgreSQL's ``text``
+    refuses it) and no lone surrogate (no UTF-8 holds one), each escaped instead.
+    """
     text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    text = text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    return bounded(text)
+
+
+def bounded(text: str, limit: int = ERROR_HEADER_LIMIT) -> str:
+    """At most ``limit`` UTF-8 bytes, never cutting a character in half."""
+    return text.encode("utf-8")[:limit].decode("utf-8", "ignore")
 
 
 def decide_after_failure(exc: BaseException, attempt: int, policy: RetryPolicy) -> Copied:

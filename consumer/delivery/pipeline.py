@@ -28,7 +28,6 @@ from consumer.delivery.decide import (
     DeadLetter,
     NackToConflict,
     Outcome,
-    Requeue,
     Retry,
     RetryPolicy,
     Run,
@@ -36,6 +35,7 @@ from consumer.delivery.decide import (
     decide_after_claim,
     decide_after_failure,
     decide_after_success,
+    decide_store_error,
     describe,
 )
 from consumer.delivery.facts import Delivery, Facts, gather
@@ -46,7 +46,7 @@ from consumer.delivery.observe import Observer
 from consumer.errors import BadMessage, LeaseLost
 from consumer.names import Reason
 from stores.base import Store
-from stores.errors import ResultTooLarge, StoreUnavailable
+from stores.errors import ResultTooLarge, StoreError, StoreUnavailable
 
 T = TypeVar("T")
 log = structlog.get_logger("semel.pipeline")
@@ -107,8 +107,16 @@ class Pipeline:
             step = await self._claim(delivery, parsed)
             if not isinstance(step, Lease):
                 return await self._settle(delivery, step)
-            decision = await self._run(delivery, parsed, step)
-            return await self._settle(delivery, decision, lease=step)
+            try:
+                decision = await self._run(delivery, parsed, step)
+                return await self._settle(delivery, decision, lease=step)
+            except Exception:
+                # A bug in semel, not the handler's failure: free the key now
+                # rather than when its lease runs out, and let the worker park
+                # the message. The release is fenced: a key settled meanwhile
+                # is left as it is.
+                await self._release(step)
+                raise
 
     def _read(self, message: Incoming) -> tuple[Delivery, Parsed | BadMessage]:
         """Parse the body and find the key; the facts of the delivery either way."""
@@ -139,8 +147,8 @@ class Pipeline:
         claimed_at = time.monotonic()
         try:
             claim = await self._store.claim(parsed.key, parsed.fingerprint)
-        except StoreUnavailable as exc:
-            return Requeue(describe(exc))
+        except StoreError as exc:
+            return decide_store_error(exc)
         delivery.fence = claim.fence
         self._observer.claimed(claim, delivery.facts.attempt)
         step = decide_after_claim(claim)
@@ -161,7 +169,12 @@ class Pipeline:
         )
         try:
             result = await run_leased(
-                self._handler, context, self._store, lease, self._config.handler_timeout
+                self._handler,
+                context,
+                self._store,
+                lease,
+                self._config.handler_timeout,
+                self._observer.overrun,
             )
         except asyncio.CancelledError:
             await self._cut_short(delivery, lease)
@@ -169,8 +182,8 @@ class Pipeline:
         except LeaseLost:
             # Release nothing: the key belongs to the worker that took it over.
             return NackToConflict(Outcome.LEASE_LOST)
-        except StoreUnavailable as exc:
-            return Requeue(describe(exc))
+        except StoreError as exc:  # the lease could not be kept
+            return decide_store_error(exc)
         except Exception as exc:  # the handler failed (or timed out): retry or dead-letter
             return await self._record_failure(delivery, lease, exc)
         return await self._record_success(lease, result)
@@ -188,6 +201,8 @@ class Pipeline:
             return DeadLetter(Reason.PERMANENT_ERROR, f"result is not JSON: {exc}")
         except ResultTooLarge as exc:
             return DeadLetter(Reason.PERMANENT_ERROR, describe(exc))
+        except StoreError as exc:  # refused for good, or a store not set up for semel
+            return decide_store_error(exc)
         return decide_after_success(stored)
 
     async def _record_failure(self, delivery: Delivery, lease: Lease, exc: Exception) -> Settle:
@@ -196,8 +211,8 @@ class Pipeline:
             return decision  # the key is marked failed once its dead letter is confirmed
         try:
             released = await self._write(lease, lambda: self._store.release(lease.key, lease.fence))
-        except StoreUnavailable as store_exc:
-            return Requeue(describe(store_exc))
+        except StoreError as store_exc:
+            return decide_store_error(store_exc)
         # Not released: the claim was taken over meanwhile and the new owner decides.
         return decision if released else NackToConflict(Outcome.FENCED_OUT, error=decision.error)
 
@@ -223,9 +238,11 @@ class Pipeline:
             await self._write(
                 lease, lambda: self._store.fail(lease.key, lease.fence, decision.error)
             )
-        except StoreUnavailable as exc:
-            # The dead letter is safe in the DLQ already; the key stays
-            # claimed until its lease runs out.
+        except Exception as exc:
+            # Whatever it is, it must not come between the confirmed dead letter
+            # and the ACK: the message would come back and run again. The dead
+            # letter is safe in the DLQ; the key stays claimed until its lease
+            # runs out.
             log.warning("key not marked failed", key=lease.key, error=describe(exc))
 
     async def _write(
@@ -249,14 +266,26 @@ class Pipeline:
             await backoff.wait()
 
     async def _cut_short(self, delivery: Delivery, lease: Lease) -> None:
-        """Shutdown cut the handler short: free the key at once and hand the message back."""
+        """Shutdown cut the handler short: free the key at once and hand the message back.
+
+        Not while a thread of this process still runs the handler: the key is
+        left to its lease, which runs out after the process (and the thread)
+        ended, so no other worker ever runs it at the same time.
+        """
+        if lease.busy:
+            log.warning("handler thread still running; its claim expires by itself", key=lease.key)
+        else:
+            await self._release(lease)
+        await self._settle(delivery, SHUTDOWN)
+
+    async def _release(self, lease: Lease) -> None:
+        """Free the key at once, if the store answers soon; else its lease runs out."""
         try:
             await asyncio.wait_for(self._store.release(lease.key, lease.fence), _RELEASE_WAIT)
-        except (StoreUnavailable, TimeoutError) as exc:
+        except (StoreError, TimeoutError) as exc:
             log.warning(
                 "claim not released; it expires by itself", key=lease.key, error=describe(exc)
             )
-        await self._settle(delivery, SHUTDOWN)
 
     def _report(self, delivery: Delivery, decision: Settle, applied: Applied) -> Settle:
         """Tell the observer, and log the one line that says what became of the delivery."""

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from consumer.ops.metrics import Metrics
 from stores.base import JSON, Claim, DelegatingStore, Record, Store
-from stores.errors import StoreUnavailable
+from stores.errors import StoreMisconfigured, StoreUnavailable
 
 T = TypeVar("T")
 
@@ -51,7 +51,7 @@ class MeteredStore(DelegatingStore):
         started = time.perf_counter()
         try:
             result = await call
-        except StoreUnavailable:
+        except (StoreUnavailable, StoreMisconfigured):
             self._errors[operation].inc()
             self.pulse.beat(up=False)
             raise

@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 import structlog
 
 from stores.base import Store
-from stores.errors import StoreUnavailable
+from stores.errors import StoreError
 
 PURGE_INTERVAL = 300.0  # seconds between background purges, at most
 BATCH = 1_000  # rows per DELETE, so no statement holds many locks for long
@@ -91,8 +91,8 @@ async def purge_periodically(store: Store, interval: float) -> None:
     while True:
         try:
             report = await purge(store, most=BACKGROUND_BATCHES)
-        except StoreUnavailable as exc:
-            log.warning("purge skipped, store unreachable", error=str(exc))
+        except StoreError as exc:  # unreachable or not set up: the next round tries again
+            log.warning("purge skipped", error=str(exc))
         else:
             if report.keys or report.messages:
                 log.info("purged", **asdict(report))

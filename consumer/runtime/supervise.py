@@ -23,15 +23,17 @@ from stores.base import Store
 from stores.errors import StoreUnavailable
 
 PROBE_BACKOFF = (0.2, 5.0)  # first and longest pause between store pings
+# A store that stayed usable this long after consumption resumed has recovered:
+# the next outage starts its pings from the first pause again.
+RECOVERED_AFTER = 2 * PROBE_BACKOFF[1]
 BROKER_CHECK_INTERVAL = 1.0
 
 log = structlog.get_logger("semel.supervise")
 
 
-async def ping_until_up(store: Store) -> None:
+async def ping_until_up(store: Store, backoff: Backoff) -> None:
     """Return once the store answers (never at once: a store whose ping passes
     while its real calls fail would otherwise flap consumption on and off)."""
-    backoff = Backoff(*PROBE_BACKOFF)
     while True:
         waited = await backoff.wait()
         try:
@@ -42,12 +44,23 @@ async def ping_until_up(store: Store) -> None:
 
 
 class StoreGate:
-    """Closed while the store is unreachable; deliveries then go straight back."""
+    """Closed while the store is unreachable; deliveries then go straight back.
+
+    A store that answers but is not set up for semel (a table missing, a
+    permission denied) closes the gate for good: a ping would pass and
+    consumption would flap on and off, handing every message back each time.
+    The operator fixes the store and restarts the worker.
+    """
 
     def __init__(self, store: Store, intake: Intake) -> None:
         self._store = store
         self._intake = intake
         self._down = asyncio.Event()
+        self.stopped_for: str | None = None  # why consumption stopped for good
+        # Kept across pauses: a store whose ping passes while its writes fail
+        # pauses consumption again at once, and each round must wait longer.
+        self._backoff = Backoff(*PROBE_BACKOFF)
+        self._resumed_at = -RECOVERED_AFTER
 
     @property
     def open(self) -> bool:
@@ -56,12 +69,24 @@ class StoreGate:
     def report_down(self) -> None:
         self._down.set()
 
+    def stop(self, why: str) -> None:
+        """Stop consuming until the process restarts; says why once."""
+        if self.stopped_for is None:
+            self.stopped_for = why
+            log.error("store misconfigured: consumption stopped until restart", error=why)
+        self._down.set()
+
     async def watch(self, stopping: asyncio.Event) -> None:
         """Pause on a report, resume when the store answers; until ``stopping``."""
         while not stopping.is_set():
             await self._down.wait()
             await self._intake.pause()
-            await ping_until_up(self._store)
+            if self.stopped_for is not None:
+                await stopping.wait()
+                return
+            if time.monotonic() - self._resumed_at >= RECOVERED_AFTER:
+                self._backoff.reset()
+            await ping_until_up(self._store, self._backoff)
             if stopping.is_set():
                 return
             # Open before attaching, or the first deliveries would bounce off.
@@ -73,6 +98,7 @@ class StoreGate:
                 log.warning("consumption not resumed, retrying", error=repr(exc))
                 await asyncio.sleep(PROBE_BACKOFF[1])
                 continue
+            self._resumed_at = time.monotonic()
             log.info("store reachable again, consumption resumed")
 
 

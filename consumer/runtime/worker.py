@@ -18,7 +18,7 @@ from aio_pika.abc import AbstractRobustConnection
 
 from consumer.broker.intake import Intake
 from consumer.broker.settle import Settler
-from consumer.delivery.decide import Requeue
+from consumer.delivery.decide import Outcome, Requeue
 from consumer.delivery.handler import Handler
 from consumer.delivery.message import Incoming
 from consumer.delivery.observe import Observer
@@ -156,7 +156,10 @@ class Worker:
                 await message.nack(requeue=False)
             return
         if isinstance(decision, Requeue) and decision.store_down:
-            self._gate.report_down()
+            if decision.outcome is Outcome.STORE_MISCONFIGURED:
+                self._gate.stop(decision.error)
+            else:
+                self._gate.report_down()
 
     async def _drain(self) -> None:
         """Let in-flight deliveries finish for the grace period, then cut the rest short."""

@@ -75,6 +75,13 @@ def blocking(context: Context) -> Any:
     return {"slept": context.body.get("sleep", 0)}
 
 
+def unstorable_error(context: Context) -> Any:
+    """Fails for good with an error text no store takes as it is: a NUL, a lone
+    surrogate, and far more than an item may hold."""
+    record(context, "start")
+    raise PermanentError("nul \x00 surrogate \ud800 " + "x" * 500_000)
+
+
 not_callable = 42
 
 

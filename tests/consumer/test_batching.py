@@ -95,3 +95,15 @@ async def test_a_caller_cancelled_before_sending_is_left_out() -> None:
     gone.cancel()
     assert await kept == "kept:f"
     assert recorder.batches == [["kept"]]
+
+
+async def test_a_store_answering_the_wrong_number_fails_every_caller_never_hangs() -> None:
+    async def short(requests: Sequence[ClaimRequest]) -> list[str]:
+        return [r.key for r in requests][:-1]  # one answer missing: a bug in a backend
+
+    batcher: Batcher[ClaimRequest, str] = Batcher(short)
+    results = await asyncio.wait_for(
+        asyncio.gather(*(batcher.submit(req(f"k{i}")) for i in range(3)), return_exceptions=True),
+        5,
+    )
+    assert all(isinstance(result, Exception) for result in results)

@@ -11,8 +11,8 @@ from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-from consumer.broker.copies import bounded, dead_letter_copy, retry_copy
-from consumer.delivery.decide import DeadLetter, Retry
+from consumer.broker.copies import dead_letter_copy, retry_copy
+from consumer.delivery.decide import DeadLetter, Retry, bounded
 from consumer.delivery.facts import Facts, Origin, first_seen
 from consumer.names import (
     BROKER_HEADERS,
