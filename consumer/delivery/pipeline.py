@@ -266,20 +266,20 @@ class Pipeline:
             await backoff.wait()
 
     async def _cut_short(self, delivery: Delivery, lease: Lease) -> None:
-        """Shutdown cut the handler short: free the key at once and hand the message back.
+        """Shutdown cut the handler short: free the key at once and hand the message back."""
+        await self._release(lease)
+        await self._settle(delivery, SHUTDOWN)
 
-        Not while a thread of this process still runs the handler: the key is
+    async def _release(self, lease: Lease) -> None:
+        """Free the key at once, if the store answers soon; else its lease runs out.
+
+        Never while a thread of this process still runs the handler: the key is
         left to its lease, which runs out after the process (and the thread)
         ended, so no other worker ever runs it at the same time.
         """
         if lease.busy:
             log.warning("handler thread still running; its claim expires by itself", key=lease.key)
-        else:
-            await self._release(lease)
-        await self._settle(delivery, SHUTDOWN)
-
-    async def _release(self, lease: Lease) -> None:
-        """Free the key at once, if the store answers soon; else its lease runs out."""
+            return
         try:
             await asyncio.wait_for(self._store.release(lease.key, lease.fence), _RELEASE_WAIT)
         except (StoreError, TimeoutError) as exc:
