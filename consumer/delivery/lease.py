@@ -21,9 +21,10 @@ from typing import Any
 from consumer.delivery.handler import Context, Handler, is_async, result_of, start_in_thread
 from consumer.errors import HandlerTimeout, LeaseLost
 from stores.base import Store
-from stores.errors import KeyRefused, StoreError
+from stores.errors import KeyRefused, StoreError, StoreUnavailable
 
 HEARTBEATS_PER_LEASE = 3
+_MIN_WAIT = 0.01  # seconds: the shortest wait for a renewal's answer, or before the next
 _CANCEL_WAIT = 5.0  # seconds an async handler gets to honour a cancellation
 
 
@@ -84,7 +85,16 @@ class _Renewal:
         lease = self._lease
         try:
             sent_at = time.monotonic()
-            renewed = await self._store.heartbeat(lease.key, lease.fence)
+            # Bounded by the lease: a store that never answers (packets dropped,
+            # no reset) must not keep the handler running past it.
+            renewed = await asyncio.wait_for(
+                self._store.heartbeat(lease.key, lease.fence), max(lease.remaining(), _MIN_WAIT)
+            )
+        except TimeoutError:
+            if lease.remaining() <= 0:
+                self._lose(StoreUnavailable(self._store.backend, "no heartbeat answer in time"))
+                return
+            delay = _MIN_WAIT
         except KeyRefused as exc:
             # Something else now sits at the key: this worker's claim is gone.
             self._lose(LeaseLost(str(exc)))

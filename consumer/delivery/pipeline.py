@@ -28,6 +28,7 @@ from consumer.delivery.decide import (
     DeadLetter,
     NackToConflict,
     Outcome,
+    Requeue,
     Retry,
     RetryPolicy,
     Run,
@@ -40,7 +41,7 @@ from consumer.delivery.decide import (
 )
 from consumer.delivery.facts import Delivery, Facts, gather
 from consumer.delivery.handler import Context, Handler
-from consumer.delivery.lease import Lease, run_leased
+from consumer.delivery.lease import HEARTBEATS_PER_LEASE, Lease, run_leased
 from consumer.delivery.message import Incoming, MessageRules, Parsed, best_effort_key, parse
 from consumer.delivery.observe import Observer
 from consumer.errors import BadMessage, LeaseLost
@@ -152,9 +153,17 @@ class Pipeline:
         delivery.fence = claim.fence
         self._observer.claimed(claim, delivery.facts.attempt)
         step = decide_after_claim(claim)
-        if isinstance(step, Run):
-            return Lease(parsed.key, step.fence, self._config.lock_ttl, renewed_at=claimed_at)
-        return step
+        if not isinstance(step, Run):
+            return step
+        lease = Lease(parsed.key, step.fence, self._config.lock_ttl, renewed_at=claimed_at)
+        if lease.remaining() < lease.ttl * (1 - 1 / HEARTBEATS_PER_LEASE):
+            # The answer took longer than the first heartbeat may: a store this
+            # slow cannot be trusted to keep the lease alive, and the handler
+            # could outlive it. Free the key and wait for the store instead.
+            await self._release(lease)
+            waited = time.monotonic() - claimed_at
+            return Requeue(f"claim answered after {waited:.2f}s of a {lease.ttl:g}s lease")
+        return lease
 
     async def _run(self, delivery: Delivery, parsed: Parsed, lease: Lease) -> Settle:
         """Run the handler under ``lease``, then record what it did; the decision to settle."""

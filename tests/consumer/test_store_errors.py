@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from functools import partial
@@ -208,3 +209,72 @@ async def test_an_error_no_store_takes_as_it_is_is_stored_safely_after_one_run(
     assert len(record.error.encode("utf-8")) <= ERROR_HEADER_LIMIT
     assert len(runs(ledger, "k")) == 1
     assert await broker.depth(settings.queue) == 0
+
+
+class Stalling(DelegatingStore):
+    """Heartbeats that never get an answer, or claims answered late, until told otherwise."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.stall_heartbeats = False
+        self.claim_delay = 0.0
+
+    async def heartbeat(self, key: str, fence: int) -> bool:
+        if self.stall_heartbeats:
+            await asyncio.Event().wait()  # sent, never answered: no reset, no reply
+        return await self.inner.heartbeat(key, fence)
+
+    async def claim_many(self, requests: Sequence[ClaimRequest]) -> Sequence[Claim | KeyRefused]:
+        answers = await self.inner.claim_many(requests)
+        await asyncio.sleep(self.claim_delay)  # the answer is on its way, slowly
+        return answers
+
+
+async def test_a_heartbeat_never_answered_ends_the_handler_by_the_end_of_its_lease(
+    settings: Settings, broker: Broker, store: Store, ledger: Path, start_consumer: StartConsumer
+) -> None:
+    stalling = Stalling(await open_store(settings))
+    stalling.stall_heartbeats = True
+    try:
+        await start_consumer(settings, stalling)
+        await broker.publish(settings, {"sleep": 5}, key="k")  # far longer than the lease
+        await eventually(lambda: _started(ledger, "k"), what="'k' running")
+        started = runs(ledger, "k")[0]["t"]
+        # Cancelled by the end of its 1.5 s lease: the run never reaches its end.
+        await eventually(partial(_depth_is, broker, settings.queue, 1), 10, "handed back")
+        assert [e for e in read_ledger(ledger) if e["event"] == "end"] == []
+        assert time.time() - started < settings.handler_timeout
+        stalling.stall_heartbeats = False
+        await eventually(partial(status_is, store, "k", Status.COMPLETED), 30, "'k' completed")
+    finally:
+        await stalling.close()
+
+
+async def _started(ledger: Path, key: str) -> bool:
+    return bool(runs(ledger, key))
+
+
+async def test_a_claim_answered_too_late_for_its_lease_does_not_start_the_handler(
+    settings: Settings, broker: Broker, store: Store, ledger: Path, start_consumer: StartConsumer
+) -> None:
+    stalling = Stalling(await open_store(settings))
+    stalling.claim_delay = settings.lock_ttl * 0.6  # past the first heartbeat's due time
+    try:
+        await start_consumer(settings, stalling)
+        await broker.publish(settings, {"n": 1}, key="k")
+
+        async def claimed_and_released() -> bool:
+            record = await store.get("k")
+            return (
+                record is not None
+                and record.claims >= 1
+                and await broker.depth(settings.queue) == 1
+            )
+
+        await eventually(claimed_and_released, 10, "claimed, released and handed back")
+        assert runs(ledger, "k") == []
+        stalling.claim_delay = 0.0
+        await eventually(partial(status_is, store, "k", Status.COMPLETED), 30, "'k' completed")
+        assert len(runs(ledger, "k")) == 1
+    finally:
+        await stalling.close()
