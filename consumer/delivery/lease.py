@@ -87,9 +87,8 @@ class _Renewal:
             sent_at = time.monotonic()
             # Bounded by the lease: a store that never answers (packets dropped,
             # no reset) must not keep the handler running past it.
-            renewed = await asyncio.wait_for(
-                self._store.heartbeat(lease.key, lease.fence), max(lease.remaining(), _MIN_WAIT)
-            )
+            async with asyncio.timeout(max(lease.remaining(), _MIN_WAIT)):
+                renewed = await self._store.heartbeat(lease.key, lease.fence)
         except TimeoutError:
             if lease.remaining() <= 0:
                 self._lose(StoreUnavailable(self._store.backend, "no heartbeat answer in time"))

@@ -74,7 +74,11 @@ class Health:
 
     async def _ping(self, store: MeteredStore) -> None:
         try:
-            await asyncio.wait_for(store.ping(), self._timeout)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a
+            # cancellation that arrives as the ping answers, and the pinger
+            # would outlive close() (which then waited for it forever).
+            async with asyncio.timeout(self._timeout):
+                await store.ping()
         except StoreUnavailable:
             pass  # the store's pulse has recorded it
         except Exception as exc:  # no answer in time, or a store closing under us

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -155,3 +156,18 @@ async def test_a_busy_port_stops_start_up_with_one_line_and_exit_1() -> None:
             await run_consumer(container, asyncio.Event())
     assert stopped.value.exit_code == EXIT_FAILURE
     assert "SEMEL_METRICS_PORT" in str(stopped.value)
+
+
+async def test_close_never_hangs_when_it_meets_a_ping_that_answers() -> None:
+    # On Python 3.11, asyncio.wait_for swallows a cancellation that arrives as
+    # its inner call finishes: a pinger cancelled right then outlived close().
+    metrics, hung = Metrics(), 0
+    for _ in range(40):
+        health = Health(ping_interval=0.0005, ping_timeout=0.5)
+        health.watch_store(MeteredStore(ScriptedStore(), metrics))
+        await asyncio.sleep(random.uniform(0.0, 0.003))
+        try:
+            await asyncio.wait_for(health.close(), 0.5)
+        except TimeoutError:
+            hung += 1
+    assert hung == 0, f"{hung} of 40 closes hung"
