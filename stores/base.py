@@ -239,6 +239,11 @@ class Store(abc.ABC):
         Returns warnings for the operator (e.g. a server without a TTL API).
         """
 
+    async def warnings(self) -> list[str]:
+        """What the operator should know of the server's set-up (no persistence, an
+        evicting memory policy): said by ``semel migrate`` and logged at start-up."""
+        return []
+
     @abc.abstractmethod
     async def ping(self) -> None:
         """Raise :class:`stores.errors.StoreUnavailable` unless the backend answers."""
@@ -303,6 +308,9 @@ class DelegatingStore(Store):
 
     async def migrate(self) -> list[str]:
         return await self.inner.migrate()
+
+    async def warnings(self) -> list[str]:
+        return await self.inner.warnings()
 
     async def ping(self) -> None:
         await self.inner.ping()

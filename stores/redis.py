@@ -59,6 +59,12 @@ POOL_WAIT = 5.0
 """Seconds an operation waits for a free pooled connection; then the store counts as down."""
 
 NO_PERSISTENCE = "Redis keeps nothing on disk: a restart forgets every key"
+EVICTING = (
+    "maxmemory-policy {policy} lets Redis evict semel's keys when memory runs short: "
+    "a late copy of an evicted completed key runs its handler again, and an evicted "
+    "claim's fence starts again at 1; set maxmemory-policy noeviction (a full Redis "
+    "then pauses consumption instead)"
+)
 
 _SCRIPTS = Path(__file__).with_name("redis_scripts")
 
@@ -232,21 +238,29 @@ class RedisStore(Store):
         return await self._fenced(RESET, key, self._retention)
 
     async def migrate(self) -> list[str]:
-        """Nothing to create; check the server answers and warn if it keeps nothing."""
+        """Nothing to create; check the server answers, and say what its set-up risks."""
         await self.ping()
+        return await self.warnings()
+
+    async def warnings(self) -> list[str]:
         found = await self._call(self._persistence)
         if found is None:
             return []  # managed Redis often disables CONFIG; no way to tell, no warning
-        appendonly, save = found
+        appendonly, save, memory = found
+        said = []
         if appendonly.get("appendonly") == "no" and not save.get("save"):
-            return [NO_PERSISTENCE]
-        return []
+            said.append(NO_PERSISTENCE)
+        policy = memory.get("maxmemory-policy", "noeviction")
+        if policy != "noeviction":
+            said.append(EVICTING.format(policy=policy))
+        return said
 
     async def _persistence(self) -> list[dict[str, str]] | None:
-        # Two CONFIG GETs in one pipeline: several names in one call needs Redis 7.
+        # CONFIG GETs in one pipeline: several names in one call needs Redis 7.
         async with self._client.pipeline(transaction=False) as pipe:
             pipe.config_get("appendonly")
             pipe.config_get("save")
+            pipe.config_get("maxmemory-policy")
             try:
                 found: list[dict[str, str]] = await pipe.execute()
             except ResponseError as exc:

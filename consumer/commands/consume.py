@@ -29,6 +29,8 @@ from consumer.errors import BrokerUnavailable, SemelError
 from consumer.ops.health import Health
 from consumer.ops.logs import configure
 from consumer.runtime.worker import Worker
+from stores.base import Store
+from stores.errors import StoreError
 
 LOOP_FACTORY: Callable[[], asyncio.AbstractEventLoop] | None = None
 try:
@@ -63,6 +65,7 @@ async def run_consumer(
         if inspect.isawaitable(metered):
             metered = await metered
         health.watch_store(metered)
+        await _warn_of_store_set_up(metered)
         connection = await container.connection.async_()
         health.watch_broker(connection)
         container.metrics().count_reconnects(connection)
@@ -73,6 +76,16 @@ async def run_consumer(
         raise BrokerUnavailable(str(exc) or type(exc).__name__) from None
     finally:
         await shutdown(container)
+
+
+async def _warn_of_store_set_up(store: Store) -> None:
+    """Say what the store's set-up risks (an evicting Redis, say), if it answers now;
+    a store that is away is waited for as usual, and ``semel migrate`` says it too."""
+    try:
+        for warning in await store.warnings():
+            log.warning("store set-up", warning=warning)
+    except StoreError:
+        pass
 
 
 def stop_on_signals() -> asyncio.Event:
