@@ -92,7 +92,7 @@ class Metrics:
         )
         self._store_errors = Counter(
             "semel_store_errors_total",
-            "Store operations that found the store unreachable.",
+            "Store operations that found the store unreachable, refusing, or not set up for semel.",
             ["operation", "backend"],
             registry=r,
         )
