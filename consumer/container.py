@@ -26,12 +26,12 @@ from consumer.delivery.handler import load_handler
 from consumer.delivery.message import KeySource, MessageRules
 from consumer.delivery.pipeline import PipelineConfig
 from consumer.errors import ConfigurationError
-from consumer.names import Topology
 from consumer.ops.httpd import open_operations
 from consumer.ops.logs import LogSetup
 from consumer.ops.metered import MeteredStore
 from consumer.ops.metrics import Metrics, MetricsObserver, timed
 from consumer.ops.tracing import traced
+from consumer.runtime.purge import PURGE_INTERVAL
 from consumer.runtime.worker import Worker, WorkerConfig
 from settings import ConfigError, QueueType, Settings, load_settings
 from stores.base import Store, StoreConfig
@@ -142,7 +142,8 @@ def worker_config(settings: Settings) -> WorkerConfig:
         prefetch=settings.prefetch,
         shutdown_grace=settings.shutdown_grace,
         broker_give_up=settings.broker_give_up,
-        retention=settings.retention,
+        # Never longer than retention, or expired rows would outlast it.
+        purge_interval=min(PURGE_INTERVAL, settings.retention),
     )
 
 
@@ -186,7 +187,6 @@ class Container(containers.DeclarativeContainer):
 
     handler = providers.Singleton(load_handler, settings.provided.handler)
     topology = providers.Singleton(topology_of, settings)
-    names = providers.Singleton(Topology, settings.provided.queue)
     rules = providers.Singleton(message_rules, settings)
     logs = providers.Singleton(log_setup, settings)
 

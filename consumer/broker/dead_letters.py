@@ -27,7 +27,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from aiormq.exceptions import AMQPError, ChannelInvalidStateError
 
 from consumer import names
-from consumer.broker.copies import copy_message
+from consumer.broker.copies import carried_headers, copy_message
 from consumer.broker.publishing import Published, publish_confirmed
 from consumer.names import BROKER_CALL_TIMEOUT, Reason, Topology
 
@@ -122,8 +122,8 @@ def replay_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     """The headers without semel's retry/DLQ headers and the broker's death records."""
     return {
         name: value
-        for name, value in headers.items()
-        if not name.startswith(names.SEMEL_HEADER_PREFIX) and name not in names.BROKER_HEADERS
+        for name, value in carried_headers(headers).items()
+        if not name.startswith(names.SEMEL_HEADER_PREFIX)
     }
 
 

@@ -94,7 +94,7 @@ def list_command(
 
     async def run(container: Container) -> Listing:
         async with confirm_channel(container) as channel:
-            return await dead_letters.list_dead_letters(channel, container.names(), limit)
+            return await dead_letters.list_dead_letters(channel, container.topology().names, limit)
 
     listing = run_with_container(run)
     now = datetime.now(UTC)
@@ -131,7 +131,9 @@ def replay_command(
         # dead letter is taken from the DLQ.
         store = await open_store(container)
         async with confirm_channel(container) as channel:
-            return await dead_letters.replay(channel, container.names(), selection, store.reset)
+            return await dead_letters.replay(
+                channel, container.topology().names, selection, store.reset
+            )
 
     report = run_with_container(run)
     if as_json:

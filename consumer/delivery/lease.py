@@ -104,7 +104,7 @@ class _Renewal:
             if lease.remaining() <= 0:
                 self._lose(exc)
                 return
-            delay = min(self._interval / 2, max(lease.remaining(), 0.01))
+            delay = min(self._interval / 2, max(lease.remaining(), _MIN_WAIT))
         else:
             if not renewed:
                 self._lose(LeaseLost(f"claim of fence {lease.fence} was taken over"))

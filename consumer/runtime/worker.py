@@ -40,7 +40,7 @@ class WorkerConfig:
     prefetch: int = 256
     shutdown_grace: float = 30.0
     broker_give_up: float = 300.0
-    retention: float = 86_400.0  # transactional mode purges at least this often
+    purge_interval: float = 300.0  # transactional mode: seconds between background purges
 
 
 log = structlog.get_logger("semel.worker")

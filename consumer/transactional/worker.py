@@ -29,7 +29,7 @@ from psycopg import AsyncConnection
 from consumer.delivery.handler import Context, Handler, is_async
 from consumer.errors import HandlerLoadError, LeaseLost, PermanentError
 from consumer.names import BROKER_CALL_TIMEOUT
-from consumer.runtime.purge import PURGE_INTERVAL, purge_periodically
+from consumer.runtime.purge import purge_periodically
 from consumer.runtime.worker import Worker
 from consumer.transactional.relay import Relay
 from stores.base import JSON, Store
@@ -132,8 +132,7 @@ class TransactionalWorker(Worker):
         channel = await self._broker.channel(publisher_confirms=True, on_return_raises=True)
         relay = Relay(self._units, channel)
         relaying = asyncio.create_task(relay.run())
-        interval = min(PURGE_INTERVAL, self._config.retention)
-        purging = asyncio.create_task(purge_periodically(self._units, interval))
+        purging = asyncio.create_task(purge_periodically(self._units, self._config.purge_interval))
         try:
             return await super().run(stop)
         finally:
