@@ -32,6 +32,7 @@ from consumer.names import Topology
 from settings import Settings
 from stores.base import Store
 from tests.conftest import settings_env
+from tests.proxy import TcpProxy as TcpProxy  # re-exported: tests import it from here
 from tests.servers import ROOT
 
 ROUTING_KEY = "order.paid"
@@ -246,54 +247,6 @@ def processes() -> Iterator[list[ConsumerProcess]]:
     finally:
         for process in started:
             process.kill()
-
-
-class TcpProxy:
-    """A TCP forwarder that can be cut and restored, to take a server away and back."""
-
-    def __init__(self, target_port: int, listen_port: int) -> None:
-        self.target_port = target_port
-        self.port = listen_port
-        self._server: asyncio.Server | None = None
-        self._links: set[asyncio.StreamWriter] = set()
-
-    async def start(self) -> TcpProxy:
-        self._server = await asyncio.start_server(
-            self._serve, "127.0.0.1", self.port, reuse_address=True
-        )
-        return self
-
-    async def cut(self) -> None:
-        """Refuse new connections and drop every open one."""
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-        for writer in list(self._links):
-            writer.transport.abort()
-        self._links.clear()
-
-    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        try:
-            server_r, server_w = await asyncio.open_connection("127.0.0.1", self.target_port)
-        except OSError:
-            client_w.transport.abort()
-            return
-        self._links |= {client_w, server_w}
-        await asyncio.gather(
-            self._pipe(client_r, server_w), self._pipe(server_r, client_w), return_exceptions=True
-        )
-        self._links -= {client_w, server_w}
-
-    @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            writer.transport.abort()
 
 
 def pid_alive(pid: int) -> bool:
