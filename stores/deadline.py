@@ -8,22 +8,34 @@ worker cannot wait that long with a key claimed: its lease runs out, another
 worker takes the key over, and nothing in this process notices.
 
 :class:`DeadlineStore` bounds each call. Past the deadline the caller gets
-:class:`StoreUnavailable` at once, so the delivery takes the outage path, and
-the call itself is cancelled *in the background*: a client's own clean-up on
-cancellation can take seconds (psycopg sends the server a cancel request and
-waits for it), and the caller must not wait for that. A call given up on may
-still land later; every write after a claim is fenced, so a late one changes
-nothing that its owner did not mean to.
+:class:`StoreUnavailable` at once, so the delivery takes the outage path. The
+call itself is *abandoned*, not cancelled: cancelling a call in flight tells
+nobody whether it landed (and a client's clean-up on cancellation can itself
+take seconds: psycopg sends the server a cancel request and waits for it).
+Left to finish in the background, bounded by its client's own timeouts, a
+claim that lands after all is released at once, so the key is free again
+instead of held by nobody until its lease runs out. Every other write is
+fenced, so a late one changes nothing its owner did not mean to.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Sequence
+import contextlib
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-from stores.base import JSON, Claim, ClaimRequest, Completion, DelegatingStore, Record, Store
-from stores.errors import KeyRefused, StoreUnavailable
+from stores.base import (
+    JSON,
+    Claim,
+    ClaimRequest,
+    Completion,
+    DelegatingStore,
+    Outcome,
+    Record,
+    Store,
+)
+from stores.errors import KeyRefused, StoreError, StoreUnavailable
 
 T = TypeVar("T")
 
@@ -37,34 +49,50 @@ class DeadlineStore(DelegatingStore):
         self.deadline = inner.config.call_deadline if deadline is None else deadline
         self._abandoned: set[asyncio.Task[Any]] = set()
 
-    async def _bounded(self, call: Coroutine[Any, Any, T]) -> T:
+    async def _bounded(
+        self, call: Coroutine[Any, Any, T], late: Callable[[T], None] | None = None
+    ) -> T:
         task = asyncio.ensure_future(call)
         try:
             done, _ = await asyncio.wait({task}, timeout=self.deadline)
         except asyncio.CancelledError:
-            self._abandon(task)
+            self._abandon(task, late)
             raise
         if not done:
-            self._abandon(task)
+            self._abandon(task, late)
             raise StoreUnavailable(self.backend, f"no answer within {self.deadline:g}s")
         return task.result()
 
-    def _abandon(self, task: asyncio.Task[Any]) -> None:
-        task.cancel()
+    def _abandon(self, task: asyncio.Task[T], late: Callable[[T], None] | None) -> None:
         # Kept referenced until it ends, and its outcome retrieved: nobody awaits it.
         self._abandoned.add(task)
-        task.add_done_callback(self._forget)
 
-    def _forget(self, task: asyncio.Task[Any]) -> None:
-        self._abandoned.discard(task)
-        if not task.cancelled():
-            task.exception()
+        def ended(task: asyncio.Task[T]) -> None:
+            self._abandoned.discard(task)
+            if task.cancelled() or task.exception() is not None:
+                return
+            if late is not None:
+                late(task.result())
+
+        task.add_done_callback(ended)
+
+    def _release_late(self, claims: Sequence[Claim | KeyRefused]) -> None:
+        for claim in claims:
+            if isinstance(claim, Claim) and claim.outcome is Outcome.CLAIMED:
+                key = claim.record.key
+                self._abandon(asyncio.ensure_future(self._quietly_release(key, claim.fence)), None)
+
+    async def _quietly_release(self, key: str, fence: int) -> None:
+        with contextlib.suppress(StoreError):  # else the lease runs out by itself
+            await self._bounded(self.inner.release(key, fence))
 
     async def claim(self, key: str, fingerprint: str) -> Claim:
-        return await self._bounded(self.inner.claim(key, fingerprint))
+        return await self._bounded(
+            self.inner.claim(key, fingerprint), lambda claim: self._release_late([claim])
+        )
 
     async def claim_many(self, requests: Sequence[ClaimRequest]) -> Sequence[Claim | KeyRefused]:
-        return await self._bounded(self.inner.claim_many(requests))
+        return await self._bounded(self.inner.claim_many(requests), self._release_late)
 
     async def complete(self, key: str, fence: int, result: JSON) -> bool:
         return await self._bounded(self.inner.complete(key, fence, result))
@@ -91,6 +119,8 @@ class DeadlineStore(DelegatingStore):
         await self._bounded(self.inner.ping())
 
     async def close(self) -> None:
-        if self._abandoned:  # already cancelled; their clean-up gets one more deadline
-            await asyncio.wait(set(self._abandoned), timeout=self.deadline)
+        if self._abandoned:  # calls still out get one more deadline, then are cancelled
+            _, pending = await asyncio.wait(set(self._abandoned), timeout=self.deadline)
+            for task in pending:
+                task.cancel()
         await self.inner.close()

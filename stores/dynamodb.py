@@ -49,6 +49,7 @@ RESULT_LIMIT = 350_000
 # seconds for a burst of a thousand claims on two cores).
 CONNECT_TIMEOUT = 2.0
 READ_TIMEOUT = 30.0
+READ_TIMEOUT_FLOOR = 5.0
 MAX_ATTEMPTS = 2
 # Each lost round means another writer changed the item meanwhile; this many
 # in a row is a storm on one key, and "try again later" is the right answer.
@@ -274,8 +275,9 @@ def _client(
         config=Config(
             connect_timeout=CONNECT_TIMEOUT,
             # An answer later than the call's deadline is abandoned by the consumer;
-            # the thread waiting for it is freed no later than this.
-            read_timeout=min(READ_TIMEOUT, deadline),
+            # the thread waiting for it is freed soon after (never under the
+            # floor: a loaded server's answers are not to be cut short).
+            read_timeout=min(READ_TIMEOUT, max(deadline, READ_TIMEOUT_FLOOR)),
             retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"},
             max_pool_connections=connections,
             # The requests are built by this module alone, in shapes the tests send

@@ -38,7 +38,10 @@ from stores.refusal import refused_outcome, written_claim
 
 CONNECT_TIMEOUT = 3  # seconds; libpq's minimum useful value is 2
 POOL_TIMEOUT = 5.0  # seconds a caller waits for a pooled connection
-STATEMENT_FLOOR_MS = 1000  # the shortest statement_timeout set on the store's connections
+# The client-side bounds below never go under this many seconds: they back up
+# the consumer's own deadline (stores.deadline), they do not replace it, and a
+# loaded server must not see its statements cut short under a short lease.
+BACKSTOP_FLOOR = 5.0
 # Bounds of the store's pool. With claims and completions batched, a process
 # has few statements on the wire at once: two claim batches and two
 # completion batches (consumer.delivery.batching), plus the unbatched fenced writes
@@ -267,27 +270,27 @@ async def open_pool(
 ) -> AsyncConnectionPool:
     """An open pool of at most ``size`` autocommit connections to ``dsn``.
 
-    ``configure`` runs on each new connection. With ``deadline`` (seconds), the
-    server ends any statement running longer, and the kernel drops a
-    connection whose sent bytes go unacknowledged that long (a blackholed
-    route); keep-alives find an idle connection that died the same way.
-    Settings the DSN names itself are left as it says.
+    ``configure`` runs on each new connection. With ``deadline`` (seconds, at
+    least :data:`BACKSTOP_FLOOR`), the server ends any statement running
+    longer, and the kernel drops a connection whose sent bytes go
+    unacknowledged that long (a blackholed route); keep-alives find an idle
+    connection that died the same way. Settings the DSN names itself are left
+    as it says.
     """
     given = conninfo_to_dict(dsn)
     kwargs: dict[str, Any] = {"autocommit": True, "application_name": "semel"}
     if "connect_timeout" not in given:
         kwargs["connect_timeout"] = CONNECT_TIMEOUT
     if deadline is not None:
-        ms = max(1, round(deadline * 1000))
+        backstop = max(deadline, BACKSTOP_FLOOR)
+        ms = round(backstop * 1000)
         bounds = {
             "tcp_user_timeout": ms,
             "keepalives": 1,
-            "keepalives_idle": max(1, round(deadline)),
-            "keepalives_interval": max(1, round(deadline / 3)),
+            "keepalives_idle": round(backstop),
+            "keepalives_interval": max(1, round(backstop / 3)),
             "keepalives_count": 3,
-            # A backstop behind the client's own deadline, never shorter than the
-            # lock waits some statements are meant to give up on by themselves.
-            "options": f"-c statement_timeout={max(ms, STATEMENT_FLOOR_MS)}",
+            "options": f"-c statement_timeout={ms}",
         }
         kwargs |= {name: value for name, value in bounds.items() if name not in given}
     with translated():
@@ -297,7 +300,9 @@ async def open_pool(
     await probe.close()
     pool: AsyncConnectionPool = AsyncConnectionPool(
         dsn,
-        min_size=1,
+        # Opened in full up front: a connection opened under load costs several
+        # round trips while heartbeats wait for it.
+        min_size=size,
         max_size=size,
         kwargs=kwargs,
         timeout=POOL_TIMEOUT,

@@ -65,9 +65,12 @@ class Renewal:
     only stops the renewals: the outcome's own write is fenced and tells.
     """
 
-    def __init__(self, store: Store, lease: Lease) -> None:
+    def __init__(
+        self, store: Store, lease: Lease, answered: Callable[[float], None] | None = None
+    ) -> None:
         self._store = store
         self.lease = lease
+        self._answered = answered  # told how long each renewal took (backpressure)
         self._loop = asyncio.get_running_loop()
         self._interval = lease.ttl / HEARTBEATS_PER_LEASE
         self._owner: asyncio.Task[Any] | None = None
@@ -106,7 +109,11 @@ class Renewal:
             # Bounded by the lease: a store that never answers (packets dropped,
             # no reset) must not keep the handler running past it.
             async with asyncio.timeout(max(lease.remaining(), _MIN_WAIT)):
-                renewed = await self._store.heartbeat(lease.key, lease.fence)
+                try:
+                    renewed = await self._store.heartbeat(lease.key, lease.fence)
+                finally:
+                    if self._answered is not None:
+                        self._answered(time.monotonic() - sent_at)
         except TimeoutError:
             if lease.remaining() <= 0:
                 self._lose(StoreUnavailable(self._store.backend, "no heartbeat answer in time"))

@@ -56,9 +56,10 @@ log = structlog.get_logger("semel.pipeline")
 WRITE_BACKOFF = (0.05, 1.0)  # first and longest pause between store-write retries
 _RELEASE_WAIT = 5.0  # seconds a cut-short delivery waits to release its claim
 # A store answer slower than this share of the lease lets fewer deliveries at
-# the store (see consumer.delivery.pressure): far below the third of the lease
-# after which a claim is given up, so the limit bites before leases are at risk.
-PRESSURE_TARGET = 0.1
+# the store (see consumer.delivery.pressure): half the third of the lease after
+# which a claim is given up and a call abandoned, so the limit bites before
+# leases are at risk.
+PRESSURE_TARGET = 1 / 6
 
 
 class Settler(Protocol):
@@ -114,11 +115,11 @@ class Pipeline:
             delivery, parsed = self._read(message)
             if isinstance(parsed, BadMessage):
                 return await self._settle(delivery, DeadLetter(parsed.reason, str(parsed)))
-            await self._pressure.admit()
+            admitted_at = await self._pressure.admit()
             try:
                 return await self._claimed(delivery, parsed)
             finally:
-                self._pressure.leave()
+                self._pressure.leave(admitted_at)
 
     async def _claimed(self, delivery: Delivery, parsed: Parsed) -> Settle:
         step = await self._claim(delivery, parsed)
@@ -126,7 +127,7 @@ class Pipeline:
             return await self._settle(delivery, step)
         # Renewed from here until the outcome is stored, not only while the
         # handler runs: a completion queued behind a slow store keeps its key.
-        renewal = Renewal(self._store, step)
+        renewal = Renewal(self._store, step, self._pressure.answered)
         try:
             decision = await self._run(delivery, parsed, renewal)
             return await self._settle(delivery, decision, lease=step)

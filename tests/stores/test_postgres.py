@@ -116,16 +116,23 @@ def test_pool_size_follows_prefetch_within_bounds() -> None:
 
 
 async def test_connections_carry_deadlines_tied_to_the_lease(make_store: StoreFactory) -> None:
-    # A third of a 6 s lease: the server ends a statement running longer, and the
-    # kernel drops a connection whose bytes go unacknowledged that long.
-    store = cast(PostgresStore, await make_store(lock_ttl=6.0))
+    # A third of a 24 s lease: the server ends a statement running longer, and
+    # the kernel drops a connection whose bytes go unacknowledged that long.
+    store = cast(PostgresStore, await make_store(lock_ttl=24.0, retention=3600))
     async with store._pool.connection() as conn:
         cur = await conn.execute("SHOW statement_timeout")
-        assert await cur.fetchone() == ("2s",)
+        assert await cur.fetchone() == ("8s",)
         params = conn.info.get_parameters()
-    assert params["tcp_user_timeout"] == "2000"
+    assert params["tcp_user_timeout"] == "8000"
     assert params["keepalives"] == "1"
-    assert params["keepalives_idle"] == "2"
+    assert params["keepalives_idle"] == "8"
+
+
+async def test_client_side_bounds_never_go_under_their_floor(make_store: StoreFactory) -> None:
+    store = cast(PostgresStore, await make_store(lock_ttl=1.5))
+    async with store._pool.connection() as conn:
+        cur = await conn.execute("SHOW statement_timeout")
+        assert await cur.fetchone() == ("5s",)
 
 
 async def test_a_dsn_that_names_its_own_timeouts_keeps_them(
