@@ -2,14 +2,27 @@
 
 The state machine of one key, shared by every backend::
 
-    (absent) --claim--> in_progress(fence=1, claims=1)
+    (absent) --claim--> in_progress(fence=clock, claims=1)
     in_progress --complete(fence)--> completed      (result kept for retention)
     in_progress --fail(fence)------> failed         (terminal, remembered)
     in_progress --release(fence)---> in_progress with an expired lease
     in_progress, lease expired --claim--> in_progress(fence+1, claims+1)
     in_progress, lease expired, claims >= max_claims --claim--> failed("poison")
     completed/failed past retention  --claim--> as if absent, fence still grows
-                                                where the record still exists
+                                                where the record still exists:
+                                                max(fence + 1, clock)
+
+A key's fence only grows, even across a forgotten record (retention, purge,
+eviction, a TTL sweep): a claim with no record starts it at the store's clock
+in microseconds since the Unix epoch ("clock" above), and each takeover adds
+one. A takeover waits for a lapsed lease or a release, a store round trip at
+the very least, so one per takeover never catches up with a clock gaining a
+million a second, and a forgotten key's next fence is above every fence it
+had. The clock is the server's where there is one (PostgreSQL, Redis), the
+host's for SQLite and the claiming worker's for DynamoDB. What this rests on:
+that clock not going back across the gap (an NTP step, a failover to a host
+whose clock is behind; for DynamoDB, skew between workers) by more than the
+time since the key's first claim.
 
 A claim is decided by the store in ONE atomic step against the store's own
 clock where it has one, and it returns the record it claimed or collided with,

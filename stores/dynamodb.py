@@ -157,7 +157,7 @@ class DynamoDBStore(Store):
         token = uuid.uuid4().hex
         now = Instant.now()
         pk = self.config.namespaced(key)
-        item = items.fresh_item(pk, fingerprint, token, 1, now, self.config)
+        item = items.fresh_item(pk, fingerprint, token, now.us, now, self.config)
         written, held = await self._put(
             key, item, items.update("", items.NEW_CONDITION, now, self.config)
         )
@@ -197,10 +197,12 @@ class DynamoDBStore(Store):
         return None
 
     async def _replace(self, key: str, fingerprint: str, token: str, fence: int) -> Record | None:
-        """Claim over a record past retention: claims restart at 1, the fence keeps growing."""
+        """Claim over a record past retention: claims restart at 1, the fence keeps growing,
+        to the clock as for a key with no item, or past the old fence if that is higher."""
         now = Instant.now()
         pk = self.config.namespaced(key)
-        item = items.fresh_item(pk, fingerprint, token, fence + 1, now, self.config)
+        grown = max(fence + 1, now.us)
+        item = items.fresh_item(pk, fingerprint, token, grown, now, self.config)
         rule = items.update("", items.REPLACE_CONDITION, now, self.config, fence=fence)
         written, _ = await self._put(key, item, rule)
         return items.to_record(key, item) if written else None

@@ -8,6 +8,14 @@ The sweeper deletes expired items lazily (up to days later), so every
 condition and every read also treats an item whose retention has passed as
 absent.
 
+A key claimed with no item starts its fence at the same clock in microseconds
+since the Unix epoch; over an item past retention, at the larger of that and
+the item's fence + 1; a takeover adds one. So a key forgotten (swept, deleted)
+and claimed again gets a fence above every one it had, provided the claiming
+worker's clock is not behind the clock of the worker that first claimed the
+key by more than the time between the two: with no server clock, the limit is
+the skew between the workers' clocks.
+
 botocore retries a write whose answer was lost (read timeout, closed
 connection) although the first attempt may have been applied. The writes below
 are built so that such a repeat recognises its own earlier success.
@@ -43,15 +51,17 @@ TTL_ATTRIBUTE = "expires_at"
 NEW_CONDITION = "attribute_not_exists(#pk)"
 # Any other claim takes the key when it is absent, or in progress with a lapsed
 # lease, the same payload, claims left and retention not passed. A record past
-# retention fails it on purpose: replacing one restarts `claims` at 1, which one
-# UpdateItem cannot choose, so that rare case is a second write (see `fresh_item`).
+# retention fails it on purpose: replacing one restarts `claims` at 1 and takes
+# the larger of the clock and the fence + 1, which one UpdateItem cannot choose,
+# so that rare case is a second write (see `fresh_item`). Where the item is
+# absent, the fence starts from the clock (``:now_us``) as a new key's does.
 CLAIM_CONDITION = (
     "attribute_not_exists(#pk) OR (#status = :in_progress AND #fingerprint = :fp"
     " AND #lease_expires_at <= :now_ms AND #claims < :max_claims AND #expires_at > :now_s)"
 )
 CLAIM_UPDATE = (
     "SET #fingerprint = :fp, #status = :in_progress, #claim_token = :token,"
-    " #fence = if_not_exists(#fence, :zero) + :one,"
+    " #fence = if_not_exists(#fence, :now_us) + :one,"
     " #claims = if_not_exists(#claims, :zero) + :one,"
     " #lease_expires_at = :lease, #first_seen = if_not_exists(#first_seen, :now_ms),"
     " #updated_at = :now_ms, #expires_at = :live_until"
@@ -89,6 +99,11 @@ class Instant:
     @property
     def ms(self) -> int:
         return math.floor(self.seconds * 1000)
+
+    @property
+    def us(self) -> int:
+        """Microseconds since the epoch: where a key with no item starts its fence."""
+        return math.floor(self.seconds * 1_000_000)
 
     @property
     def whole_seconds(self) -> int:
@@ -137,6 +152,7 @@ STANDARD_VALUES: dict[str, Callable[[Instant, StoreConfig], AttributeValueTypeDe
     ":zero": lambda now, config: number(0),
     ":one": lambda now, config: number(1),
     ":now_ms": lambda now, config: number(now.ms),
+    ":now_us": lambda now, config: number(now.us),
     ":now_s": lambda now, config: number(now.whole_seconds),
     ":lease": lambda now, config: number(lease_end(now, config)),
     ":max_claims": lambda now, config: number(config.max_claims),
@@ -217,7 +233,7 @@ def reset_update(now: Instant, config: StoreConfig) -> Update:
 def fresh_item(
     pk: str, fingerprint: str, token: str, fence: int, now: Instant, config: StoreConfig
 ) -> Item:
-    """A first claim's item: of a new key (fence 1), or over a record past retention."""
+    """A first claim's item: of a key with no item, or over a record past retention."""
     return {
         PARTITION_KEY: string(pk),
         "fingerprint": string(fingerprint),

@@ -21,6 +21,10 @@ POSTGRES = Dialect(
     now="now()",
     now_plus="now() + make_interval(secs => %({})s)",
     param="%({})s",
+    # Microseconds since the epoch, read when the row is written: a fence's
+    # start. The timestamp holds whole microseconds, so the cast is exact.
+    fence_clock="(extract(epoch FROM clock_timestamp()) * 1000000)::bigint",
+    greatest="greatest",
     false="false",
     result_text="result::text",
 )

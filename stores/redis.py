@@ -4,7 +4,11 @@ A record is a single hash at ``<prefix>:<key>``. Each operation is one
 EVALSHA of a script in ``stores/redis_scripts/``: the claim inspects, takes
 over or refuses and returns the record in the same round trip. Leases are
 server-clock milliseconds (``TIME``); retention is the key's own expiry,
-refreshed by every write, so Redis forgets finished keys by itself.
+refreshed by every write, so Redis forgets finished keys by itself. A key
+claimed with no hash starts its fence at the same clock in microseconds, so a
+key forgotten (expired, evicted, lost in a failover) and claimed again is
+granted a fence above every one it had, unless the server's clock went back
+across the gap by more than the time since the key's first claim.
 
 A batch (``claim_many`` / ``complete_many``) is one EVALSHA of the same
 script over all its keys: one round trip and one reply to decode, and each
@@ -61,9 +65,9 @@ POOL_WAIT = 5.0
 NO_PERSISTENCE = "Redis keeps nothing on disk: a restart forgets every key"
 EVICTING = (
     "maxmemory-policy {policy} lets Redis evict semel's keys when memory runs short: "
-    "a late copy of an evicted completed key runs its handler again, and an evicted "
-    "claim's fence starts again at 1; set maxmemory-policy noeviction (a full Redis "
-    "then pauses consumption instead)"
+    "a late copy of an evicted completed key runs its handler again, and a copy of an "
+    "evicted claim runs beside its owner (whose writes are then refused); set "
+    "maxmemory-policy noeviction (a full Redis then pauses consumption instead)"
 )
 
 _SCRIPTS = Path(__file__).with_name("redis_scripts")
@@ -173,12 +177,12 @@ class RedisStore(Store):
             [self._key(r.key) for r in requests],
             [*self._claim_args, *(r.fingerprint.encode() for r in requests)],
         )
-        now, *answers = orjson.loads(reply)
+        now, fresh_fence, *answers = orjson.loads(reply)
         claims: list[Claim | KeyRefused] = []
         fresh: Callable[[ClaimRequest], Claim] | None = None
         for request, answer in zip(requests, answers, strict=True):
             if answer == 0:
-                fresh = fresh or self._fresh(now)
+                fresh = fresh or self._fresh(now, fresh_fence)
                 claims.append(fresh(request))
             elif type(answer) is str:  # the type of a foreign value at the key
                 claims.append(KeyRefused(request.key, foreign(answer)))
@@ -186,15 +190,15 @@ class RedisStore(Store):
                 claims.append(Claim(_OUTCOME[answer[0]], _record(request.key, now, answer)))
         return claims
 
-    def _fresh(self, now: int) -> Callable[[ClaimRequest], Claim]:
-        """First claims of absent keys at ``now``, as claim.lua wrote them."""
+    def _fresh(self, now: int, fence: int) -> Callable[[ClaimRequest], Claim]:
+        """First claims of absent keys at ``now`` (ms) with ``fence``, as claim.lua wrote them."""
         at = from_epoch_ms(now)
         lease = from_epoch_ms(now + self._lock_ms)
         expires = from_epoch_ms(now + self._live_ms)
 
         def claim(request: ClaimRequest) -> Claim:
             record = Record(
-                request.key, request.fingerprint, Status.IN_PROGRESS, 1, 1, lease, None, None,
+                request.key, request.fingerprint, Status.IN_PROGRESS, fence, 1, lease, None, None,
                 at, at, expires,
             )  # fmt: skip
             return Claim(Outcome.CLAIMED, record)

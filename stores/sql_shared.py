@@ -14,6 +14,12 @@ differ only in how a few words are spelled; a :class:`Dialect` spells them:
                         seconds, against ``:now + :d``, in ms.
 ``{p[x]}``              the parameter ``x``: psycopg's ``%(x)s`` against
                         sqlite3's ``:x``.
+``{fence_clock}``       the clock a fence starts from, integer microseconds
+                        since the Unix epoch: the server's
+                        ``clock_timestamp()`` in PostgreSQL, read as the row
+                        is written; SQLite's ``:now_us``, bound from the same
+                        reading as ``:now``.
+``{greatest}``          the larger of two values: ``greatest`` / ``max``.
 ``{false}``             SQLite has no boolean type: ``0``.
 ``{result_text}``       the result column as read back: ``result::text``
                         from PostgreSQL's jsonb, ``result`` from SQLite's
@@ -28,6 +34,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# A fence only grows, even across a forgotten record. A key with no row (never
+# seen, or purged) starts at the clock in microseconds; a row past retention
+# counts as absent but still holds its fence, so it starts at the larger of
+# that clock and its fence + 1; a live row taken over gets fence + 1. A takeover
+# waits for a lease to lapse or a release, a store round trip at the very
+# least, so + 1 per takeover never overtakes a clock gaining a million a
+# second: a key forgotten and claimed again starts above every fence it had,
+# unless the clock was set back across the gap by more than the time since
+# the key's first grant.
+#
 # Past retention a row counts as absent (its fence still grows). A live row
 # gets past the claim's WHERE clause only when it is in progress with the same
 # fingerprint and no lease, so "live" alone tells a takeover from a fresh start.
@@ -44,7 +60,7 @@ COLUMNS = (
 
 # A first claim's values after its key and fingerprint, which each dialect's
 # rows name: the ``{first_claim}`` of those rows.
-FIRST_CLAIM = "'in_progress', 1, 1, {now_plus[ttl]}, {now}, {now}, {now_plus[hold]}"
+FIRST_CLAIM = "'in_progress', {fence_clock}, 1, {now_plus[ttl]}, {now}, {now}, {now_plus[hold]}"
 
 CLAIM = """
 INSERT INTO {table} AS t (key, fingerprint, status, fence, claims, lock_expires_at,
@@ -53,7 +69,8 @@ INSERT INTO {table} AS t (key, fingerprint, status, fence, claims, lock_expires_
 ON CONFLICT (key) DO UPDATE SET
     fingerprint = excluded.fingerprint,
     status = CASE WHEN {poisoned} THEN 'failed' ELSE 'in_progress' END,
-    fence = CASE WHEN {poisoned} THEN t.fence ELSE t.fence + 1 END,
+    fence = CASE WHEN {poisoned} THEN t.fence WHEN {live} THEN t.fence + 1
+                 ELSE {greatest}(t.fence + 1, {fence_clock}) END,
     claims = CASE WHEN {poisoned} THEN t.claims WHEN {live} THEN t.claims + 1 ELSE 1 END,
     lock_expires_at = CASE WHEN {poisoned} THEN NULL ELSE excluded.lock_expires_at END,
     result = NULL,
@@ -104,6 +121,8 @@ class Dialect:
     now: str
     now_plus: str  # "{}" stands for the duration parameter's name
     param: str  # "{}" stands for the parameter's name
+    fence_clock: str
+    greatest: str
     false: str
     result_text: str
 
@@ -113,6 +132,8 @@ class Dialect:
             "now": self.now,
             "now_plus": _Each(self.now_plus),
             "p": _Each(self.param),
+            "fence_clock": self.fence_clock,
+            "greatest": self.greatest,
             "false": self.false,
             "result_text": self.result_text,
         }

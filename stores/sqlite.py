@@ -50,16 +50,23 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def clock() -> dict[str, int]:
+    """One reading of the clock as the statements bind it: ``now`` in ms, ``now_us`` in µs."""
+    ns = time.time_ns()
+    return {"now": ns // 1_000_000, "now_us": ns // 1_000}
+
+
 @contextmanager
-def immediate(conn: sqlite3.Connection) -> Iterator[int]:
+def immediate(conn: sqlite3.Connection) -> Iterator[dict[str, int]]:
     """A write transaction holding the lock from the start; yields its clock.
 
     The clock is read once the lock is held, so time spent waiting for
-    another process never shortens the lease this transaction writes.
+    another process never shortens the lease this transaction writes, and
+    a fence started from it follows every fence written before.
     """
     conn.execute("BEGIN IMMEDIATE")
     try:
-        yield now_ms()
+        yield clock()
         conn.execute("COMMIT")
     except BaseException:
         conn.rollback()
@@ -116,8 +123,8 @@ class SqliteStore(Store):
         else:
             bound = {"batch": batch_text(keys, (request.fingerprint for request in requests))}
             claim, inspect = sql.claim_batch, sql.inspect_batch
-        with immediate(conn) as now:
-            params = {**self._constants, **bound, "now": now}
+        with immediate(conn) as times:
+            params = {**self._constants, **bound, **times}
             # fetchall: sqlite3 keeps a RETURNING statement open until exhausted.
             written = {row[0]: row for row in conn.execute(claim, params).fetchall()}
             refused: dict[str, tuple[Any, ...]] = {}
@@ -152,8 +159,8 @@ class SqliteStore(Store):
     ) -> list[bool]:
         statement, namespaced = self._sql.complete, self.config.namespaced
         written: list[bool] = []
-        with immediate(conn) as now:
-            params = self._constants | {"now": now}
+        with immediate(conn) as times:
+            params = self._constants | times
             for completion in completions:
                 params["key"] = namespaced(completion.key)
                 params["fence"] = completion.fence
@@ -171,8 +178,8 @@ class SqliteStore(Store):
         """Run one statement in a write transaction of its own; returns the rows it changed."""
 
         def write(conn: sqlite3.Connection) -> int:
-            with immediate(conn) as now:
-                return conn.execute(statement, params | {"now": now}).rowcount
+            with immediate(conn) as times:
+                return conn.execute(statement, params | times).rowcount
 
         return await self._run(write)
 

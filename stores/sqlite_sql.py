@@ -2,7 +2,9 @@
 
 Times are integer epoch milliseconds, read from the store's clock once the
 write lock is held and bound as ``:now``; durations are bound in
-milliseconds too (``:ttl``, ``:retention``, ``:hold``).
+milliseconds too (``:ttl``, ``:retention``, ``:hold``). The same reading in
+microseconds, ``:now_us``, is where a key with no row starts its fence: the
+clock of the one host whose processes share the file.
 
 A batch of claims names its keys in one JSON object, ``{key: fingerprint,
 ...}``, bound as ``:batch``: one statement claims them all (``json_each``
@@ -27,8 +29,17 @@ from stores.base import Record, Status
 from stores.codec import from_epoch_ms, load_result
 from stores.sql_shared import Dialect, Shared
 
-# Times are the store's, bound as :now; durations in ms; results as TEXT.
-SQLITE = Dialect(now=":now", now_plus=":now + :{}", param=":{}", false="0", result_text="result")
+# Times are the store's, bound as :now (ms) and :now_us (the same reading in
+# microseconds, for fences); durations in ms; results as TEXT.
+SQLITE = Dialect(
+    now=":now",
+    now_plus=":now + :{}",
+    param=":{}",
+    fence_clock=":now_us",
+    greatest="max",
+    false="0",
+    result_text="result",
+)
 
 # The rows a claim inserts: one key, or a batch. "WHERE true": without a
 # WHERE, ON CONFLICT would parse as a join constraint.

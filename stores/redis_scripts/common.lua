@@ -5,10 +5,17 @@ local function int(n)
   return string.format('%d', n)
 end
 
--- The server's clock in ms, the only clock leases and timestamps are read from.
-local function server_ms()
+-- The server's clock, the only clock leases, timestamps and fences are read
+-- from: one reading in ms and in µs since the Unix epoch. Both are integers
+-- well below 2^53, which a double holds exactly.
+local function server_clock()
   local time = redis.call('TIME')
-  return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  local seconds, micros = tonumber(time[1]), tonumber(time[2])
+  return seconds * 1000 + math.floor(micros / 1000), seconds * 1000000 + micros
+end
+
+local function server_ms()
+  return (server_clock())
 end
 
 -- HMGET of `key`, or nil and the key's type when a value of another type

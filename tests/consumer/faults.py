@@ -5,7 +5,7 @@ that runs out under a handler because its heartbeats never reach the store.
 
 from __future__ import annotations
 
-from stores.base import JSON, Claim, Record, Store
+from stores.base import JSON, Claim, Outcome, Record, Store
 from stores.errors import StoreUnavailable
 
 
@@ -19,6 +19,9 @@ class FaultyStore(Store):
         self.down = False
         # (key, fence) claims whose heartbeats never reach the store
         self.muted_heartbeats: set[tuple[str, int]] = set()
+        # keys whose first granted claim's heartbeats never reach the store
+        self.muted_first: set[str] = set()
+        self._first_fences: dict[str, int] = {}
         self.heartbeats = 0
 
     def _check(self) -> None:
@@ -27,7 +30,10 @@ class FaultyStore(Store):
 
     async def claim(self, key: str, fingerprint: str) -> Claim:
         self._check()
-        return await self.inner.claim(key, fingerprint)
+        claim = await self.inner.claim(key, fingerprint)
+        if claim.outcome is Outcome.CLAIMED:
+            self._first_fences.setdefault(key, claim.fence)
+        return claim
 
     async def complete(self, key: str, fence: int, result: JSON) -> bool:
         self._check()
@@ -44,7 +50,8 @@ class FaultyStore(Store):
     async def heartbeat(self, key: str, fence: int) -> bool:
         self._check()
         self.heartbeats += 1
-        if (key, fence) in self.muted_heartbeats:
+        first = key in self.muted_first and self._first_fences.get(key) == fence
+        if first or (key, fence) in self.muted_heartbeats:
             return True  # the worker believes its lease was renewed; the store never heard
         return await self.inner.heartbeat(key, fence)
 

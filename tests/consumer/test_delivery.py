@@ -166,11 +166,11 @@ async def test_concurrent_copies_run_once_and_wait_in_the_conflict_queue(
         await settle_all(broker, settings, dead_letters=0)
     await finished(consumer, broker, settings, dead_letters=0)
 
-    assert len(runs(ledger, "hot")) == 1
+    (run,) = runs(ledger, "hot")
     assert sampler.saw(names.conflict_queue) >= 1
     record = await store.get("hot")
     assert record is not None
-    assert record.fence == 1
+    assert (record.fence, record.claims) == (run["fence"], 1)  # claimed once, never taken over
 
 
 async def status_is(store: Store, key: str, expected: Status) -> bool:

@@ -141,7 +141,7 @@ async def test_lost_lease_cancels_or_fences_out_the_old_run(
     settings = consumer_settings(lock_ttl=1.0)
     faulty = FaultyStore(await open_store(settings))
     # The first runs' heartbeats never reach the store: their leases run out under them.
-    faulty.muted_heartbeats |= {("cancelled", 1), ("fenced", 1)}
+    faulty.muted_first |= {"cancelled", "fenced"}
     consumer = await start_consumer(settings, faulty)
     try:
         # "cancelled" runs long enough that its next heartbeat after the
@@ -152,25 +152,28 @@ async def test_lost_lease_cancels_or_fences_out_the_old_run(
 
         async def taken_over() -> bool:
             record = await store.get("cancelled")
-            return record is not None and record.fence == 2
+            return record is not None and record.claims == 2
 
         await eventually(taken_over, 10, "'cancelled' taken over")
         # Its first run's next heartbeat reaches the store and learns it lost the claim.
-        faulty.muted_heartbeats.discard(("cancelled", 1))
+        faulty.muted_first.discard("cancelled")
         await eventually(lambda: all_completed(store, ["cancelled", "fenced"]), 20, "completed")
         await settle_all(broker, settings, dead_letters=0)
         await finished(consumer, broker, settings, dead_letters=0)
     finally:
         await faulty.close()
 
+    first = {}
     for key in ("cancelled", "fenced"):
         record = await store.get(key)
         assert record is not None
-        assert record.result == {"key": key, "fence": 2}  # the new owner's result stands
-        assert [e["fence"] for e in runs(ledger, key)] == [1, 2]
+        first[key], second = [e["fence"] for e in runs(ledger, key)]
+        assert second == first[key] + 1  # taken over
+        assert record.result == {"key": key, "fence": second}  # the new owner's result stands
     # Cancelled before it could finish; the fenced one finished but could not complete.
-    assert [e["fence"] for e in runs(ledger, "cancelled", "end")] == [2]
-    assert [e["fence"] for e in runs(ledger, "fenced", "end")] == [1, 2]
+    assert [e["fence"] for e in runs(ledger, "cancelled", "end")] == [first["cancelled"] + 1]
+    fenced = first["fenced"]
+    assert [e["fence"] for e in runs(ledger, "fenced", "end")] == [fenced, fenced + 1]
 
 
 async def test_broker_drop_reconnects_and_a_long_absence_exits_1(

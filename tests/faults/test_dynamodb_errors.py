@@ -32,6 +32,7 @@ from stores.base import Claim, ClaimRequest, Completion, Outcome, Status, Store
 from stores.dynamodb_table import DENIED, TRANSIENT
 from stores.errors import EXIT_USAGE, KeyRefused, StoreMisconfigured, StoreUnavailable
 from tests.conftest import SettingsFactory, StoreFactory
+from tests.fences import clock_us, started_fresh
 from tests.servers import free_port
 
 if TYPE_CHECKING:
@@ -175,8 +176,10 @@ async def test_throttling_and_server_errors_are_retried_then_unavailable(
 
     # Fewer than botocore's attempts: retried away, the caller never sees them.
     proxy.fail_next(attempts - 1, code)
+    since = clock_us()
     first = await store.claim("k", FP)
-    assert (first.outcome, first.fence, len(proxy.faults)) == (Outcome.CLAIMED, 1, 0)
+    assert (first.outcome, first.record.claims, len(proxy.faults)) == (Outcome.CLAIMED, 1, 0)
+    assert started_fresh(first.fence, since)
 
     # As many as botocore's attempts: what reaches semel is StoreUnavailable.
     proxy.fail_next(attempts, code)
@@ -188,7 +191,8 @@ async def test_throttling_and_server_errors_are_retried_then_unavailable(
 
     # Once it passes, the same calls go through and nothing was lost.
     again = await store.claim("other", FP)
-    assert (again.outcome, again.fence) == (Outcome.CLAIMED, 1)
+    assert (again.outcome, again.record.claims) == (Outcome.CLAIMED, 1)
+    assert started_fresh(again.fence, since)
     proxy.fail_next(attempts - 1, code)
     assert await store.complete("k", first.fence, {"done": True})
 

@@ -38,6 +38,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from stores.base import Claim, ClaimRequest, Completion, Outcome, Status, Store, StoreConfig
 from stores.errors import EXIT_USAGE, KeyRefused, StoreMisconfigured, StoreUnavailable
 from stores.redis import open_store
+from tests.fences import clock_us, started_fresh
 from tests.servers import free_port, wait_for_port
 
 pytestmark = [
@@ -441,14 +442,17 @@ async def test_a_foreign_key_in_a_claim_batch_is_refused_alone(start_redis: Star
     await server.client.set(foreign, b"not semel's")
     requests = [ClaimRequest(k, FP) for k in ("k1", "k2", "k3")]
 
+    since = clock_us()
     first, refused, third = await store.claim_many(requests)
     assert isinstance(refused, KeyRefused)
     assert refused.key == "k2"
     assert "a Redis string holds the key" in str(refused)
     assert isinstance(first, Claim)
     assert isinstance(third, Claim)
-    assert (first.outcome, first.record.key, first.fence) == (Outcome.CLAIMED, "k1", 1)
-    assert (third.outcome, third.record.key, third.fence) == (Outcome.CLAIMED, "k3", 1)
+    assert (first.outcome, first.record.key) == (Outcome.CLAIMED, "k1")
+    assert (third.outcome, third.record.key) == (Outcome.CLAIMED, "k3")
+    assert started_fresh(first.fence, since)
+    assert started_fresh(third.fence, since)
     # Records read back around a refused key decode as usual.
     again = await store.claim_many(requests)
     assert [a.outcome if isinstance(a, Claim) else a.key for a in again] == [

@@ -89,7 +89,7 @@ async def test_a_lease_that_runs_out_shows_as_a_takeover_and_a_fence_rejection(
     settings = consumer_settings(lock_ttl=1.0)
     faulty = FaultyStore(await open_store(settings))
     # The first run's heartbeats never reach the store: its lease runs out under it.
-    faulty.muted_heartbeats.add(("slow", 1))
+    faulty.muted_first.add("slow")
     consumer = await start_consumer(settings, faulty)
     registry = consumer.container.metrics().registry
 

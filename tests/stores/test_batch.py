@@ -14,6 +14,7 @@ import pytest
 
 from stores.base import ClaimRequest, Completion, Outcome, Status, Store
 from tests.conftest import BACKENDS, SettingsFactory, StoreFactory
+from tests.fences import clock_us, started_fresh
 from tests.stores.race import assert_one_winner_per_key, decided
 from tests.stores.test_contract import take_over
 
@@ -30,10 +31,12 @@ def done(store: Store, key: str, fence: int, result: object) -> Completion:
 async def test_new_keys_are_claimed_in_order(make_store: StoreFactory) -> None:
     store = await make_store()
     keys = [f"n{i}" for i in range(40)]
+    since = clock_us()
     claims = decided(await store.claim_many([ClaimRequest(k, FP) for k in keys]))
     assert [c.record.key for c in claims] == keys
     assert {c.outcome for c in claims} == {Outcome.CLAIMED}
-    assert all(c.fence >= 1 and c.record.status is Status.IN_PROGRESS for c in claims)
+    assert all(c.record.status is Status.IN_PROGRESS for c in claims)
+    assert all(started_fresh(c.fence, since) for c in claims)  # new keys: the clock
     written = await store.complete_many(
         [done(store, c.record.key, c.fence, {"k": c.record.key}) for c in claims]
     )

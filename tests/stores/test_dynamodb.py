@@ -19,6 +19,7 @@ from stores.dynamodb import RESULT_LIMIT, DynamoDBStore
 from stores.dynamodb_items import TTL_ATTRIBUTE, Instant, Item, decide, number, string
 from stores.errors import ResultTooLarge, StoreMisconfigured
 from tests.conftest import SettingsFactory, StoreFactory, open_store
+from tests.fences import clock_us, started_fresh
 
 both_servers = pytest.mark.parametrize("backend", ["dynamodb-moto", "dynamodb-dynalite"])
 pytestmark = pytest.mark.timeout(60)
@@ -59,7 +60,8 @@ async def test_refused_claim_reads_again_only_where_the_server_keeps_the_item(
     assert await store.release("k", first.fence)
     sent.clear()
     again = await store.claim("k", FP)
-    assert (again.outcome, again.fence, again.record.claims) == (Outcome.CLAIMED, 2, 2)
+    assert (again.outcome, again.record.claims) == (Outcome.CLAIMED, 2)
+    assert again.fence == first.fence + 1
     read = [] if backend == "dynamodb-moto" else ["GetItem"]
     assert sent == ["PutItem", *read, "UpdateItem"]
 
@@ -112,7 +114,9 @@ async def test_record_past_retention_is_absent_and_replaced_with_a_higher_fence(
     make_store: StoreFactory,
 ) -> None:
     store = await make_store(retention=1.0, lock_ttl=0.5)
+    since = clock_us()
     first = await store.claim("k", FP)
+    assert started_fresh(first.fence, since)
     assert await store.complete("k", first.fence, {"v": 1})
     end = time.monotonic() + 5
     while await store.get("k") is not None:
@@ -121,7 +125,10 @@ async def test_record_past_retention_is_absent_and_replaced_with_a_higher_fence(
 
     again = await store.claim("k", FP)
     assert again.outcome is Outcome.CLAIMED
-    assert (again.fence, again.record.claims) == (first.fence + 1, 1)
+    # Over the old item: the clock now, well past the old fence + 1.
+    assert again.fence > first.fence + 1
+    assert started_fresh(again.fence, since)
+    assert again.record.claims == 1
     assert not await store.complete("k", first.fence, {"stale": True})
 
 

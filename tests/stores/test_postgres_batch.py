@@ -13,6 +13,7 @@ import pytest
 from stores.base import ClaimRequest, Completion, Outcome, Store
 from stores.postgres import PostgresStore
 from tests.conftest import StoreFactory
+from tests.fences import clock_us, started_fresh
 from tests.stores.race import decided
 from tests.stores.test_postgres import statements_sent
 
@@ -74,9 +75,30 @@ async def prepare(store: Store, dsn: str, n: int) -> list[ClaimRequest]:
     return list(await asyncio.gather(*(one(i) for i in range(n))))
 
 
-def summary(claim: Any) -> tuple[Any, ...]:
+async def fences_before(store: Store, dsn: str) -> dict[str, int]:
+    """The fence of each of the store's keys that has a row, by the caller's key."""
+    prefix = store.config.namespaced("")
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            f"SELECT key, fence FROM {pg(store)._table} WHERE starts_with(key, %s)".encode(),
+            (prefix,),
+        )
+        return {key.removeprefix(prefix): fence for key, fence in await cur.fetchall()}
+
+
+def fence_shape(key: str, fence: int, before: dict[str, int], since: int) -> object:
+    """How a fence relates to the key's fence before (0: kept, 1: taken over), or
+    "clock" when it was started from the clock (no row, or one past retention)."""
+    if key in before and fence - before[key] in (0, 1):
+        return fence - before[key]
+    fresh = started_fresh(fence, since) and fence > before.get(key, 0)
+    return "clock" if fresh else fence
+
+
+def summary(claim: Any, before: dict[str, int], since: int) -> tuple[Any, ...]:
     r = claim.record
-    return (claim.outcome, r.key, r.fingerprint, r.status, r.fence, r.claims, r.result, r.error)
+    fence = fence_shape(r.key, r.fence, before, since)
+    return (claim.outcome, r.key, r.fingerprint, r.status, fence, r.claims, r.result, r.error)
 
 
 async def test_full_batch_answers_as_single_claims_would(
@@ -87,9 +109,15 @@ async def test_full_batch_answers_as_single_claims_would(
     requests = await prepare(batch_store, postgres_server, 256)
     assert requests == await prepare(single_store, postgres_server, 256)
 
+    before = {
+        store: await fences_before(store, postgres_server) for store in (batch_store, single_store)
+    }
+    since = clock_us()
     batched = decided(await batch_store.claim_many(requests))
     singles = [await single_store.claim(r.key, r.fingerprint) for r in requests]
-    assert [summary(c) for c in batched] == [summary(c) for c in singles]
+    left = [summary(c, before[batch_store], since) for c in batched]
+    assert left == [summary(c, before[single_store], since) for c in singles]
+    assert {shape for _, _, _, _, shape, *_ in left} == {0, 1, "clock"}
     assert [c.outcome for c in batched[:KINDS]] == [
         Outcome.CLAIMED,
         Outcome.IN_PROGRESS,
@@ -122,10 +150,16 @@ async def test_full_batch_answers_as_single_claims_would(
         if (c.outcome is Outcome.CLAIMED and i % 2 == 0) or c.outcome is Outcome.IN_PROGRESS
     )
     for i in range(KINDS * 2):
-        left, right = await batch_store.get(f"k{i}"), await single_store.get(f"k{i}")
-        assert left is not None
-        assert right is not None
-        assert (left.status, left.fence, left.result) == (right.status, right.fence, right.result)
+        got_left, got_right = await batch_store.get(f"k{i}"), await single_store.get(f"k{i}")
+        assert got_left is not None
+        assert got_right is not None
+        key = f"k{i}"
+        assert (got_left.status, got_left.result) == (got_right.status, got_right.result)
+        shapes = [
+            fence_shape(key, record.fence, before[store], since)
+            for record, store in ((got_left, batch_store), (got_right, single_store))
+        ]
+        assert shapes[0] == shapes[1]
 
 
 async def test_rows_that_change_between_refusal_and_read(
@@ -154,12 +188,15 @@ async def test_rows_that_change_between_refusal_and_read(
     claims = decided(await store.claim_many([ClaimRequest(key, FP) for key in order]))
     assert [c.record.key for c in claims] == order
     by_key = {c.record.key: c for c in claims}
-    assert (by_key["held"].outcome, by_key["held"].fence) == (Outcome.IN_PROGRESS, 1)
+    assert by_key["held"].outcome is Outcome.IN_PROGRESS
+    assert by_key["held"].fence == fences["held"]
     assert by_key["done"].outcome is Outcome.DUPLICATE
     assert by_key["done"].record.result == "by the owner"
     # Claimable again by the time of the read: decided by a second claim round.
-    assert (by_key["released"].outcome, by_key["released"].fence) == (Outcome.CLAIMED, 2)
-    assert (by_key["purged"].outcome, by_key["purged"].fence) == (Outcome.CLAIMED, 1)
+    released, purged = by_key["released"], by_key["purged"]
+    assert (released.outcome, released.fence) == (Outcome.CLAIMED, fences["released"] + 1)
+    assert purged.outcome is Outcome.CLAIMED
+    assert purged.fence > fences["purged"]  # the row was gone: the clock, later
     assert sent == ["claim", "read", "claim"]
 
 

@@ -18,6 +18,7 @@ from stores.errors import KeyRefused, StoreUnavailable
 from stores.redis import COMMAND_TIMEOUT, NO_PERSISTENCE
 from stores.redis_eval import Script, pack, pack_script
 from tests.conftest import SettingsFactory, StoreFactory, open_store
+from tests.fences import clock_us, started_fresh
 from tests.servers import free_port, wait_for_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -133,8 +134,8 @@ async def test_record_is_one_key_with_retention_ttl(
 async def test_live_lease_outlives_a_shorter_retention(
     make_settings: SettingsFactory, server: Redis
 ) -> None:
-    # Were the record to expire first, a new claim would restart at fence 1,
-    # the fence its still-running owner holds. Settings refuse a retention
+    # Were the record to expire first, a copy would be claimed while its owner
+    # still runs (the owner's writes then refused). Settings refuse a retention
     # shorter than the lease; the store stays safe without that check.
     settings = make_settings().model_copy(update={"retention": 1.0, "lock_ttl": 20.0})
     store = await open_store(settings)
@@ -173,9 +174,14 @@ async def test_batches_survive_a_script_cache_flush(
     store = await make_store()
     await store.claim_many([ClaimRequest("before", FP)])
     await server.script_flush()
+    since = clock_us()
     claims = _claimed(await store.claim_many([ClaimRequest(f"after-{i}", FP) for i in range(5)]))
     assert [c.outcome for c in claims] == [Outcome.CLAIMED] * 5
-    assert [c.fence for c in claims] == [1] * 5  # claimed once: the reload ran nothing twice
+    # Claimed once: the reload ran nothing twice.
+    assert [c.record.claims for c in claims] == [1] * 5
+    assert all(started_fresh(c.fence, since) for c in claims)
+    stored = [await store.get(c.record.key) for c in claims]
+    assert [r and r.fence for r in stored] == [c.fence for c in claims]  # as the script wrote
     await server.script_flush()
     done = [Completion(c.record.key, c.fence, store.encode_result("ok")) for c in claims]
     assert await store.complete_many(done) == [True] * 5
@@ -194,13 +200,15 @@ async def test_claims_survive_a_script_cache_flushed_all_the_time(
             await server.script_flush()
 
     flusher = asyncio.create_task(flush())
+    since = clock_us()
     try:
         claims = [await store.claim(f"k{i}", FP) for i in range(200)]
     finally:
         flushing = False
         await flusher
     assert [c.outcome for c in claims] == [Outcome.CLAIMED] * 200
-    assert [c.fence for c in claims] == [1] * 200
+    assert [c.record.claims for c in claims] == [1] * 200
+    assert all(started_fresh(c.fence, since) for c in claims)
 
 
 async def test_free_text_and_results_survive_the_reply(

@@ -10,6 +10,7 @@ import pytest
 from stores.base import POISON_ERROR, Outcome, Record, Status, Store
 from stores.refusal import refused_outcome
 from tests.conftest import StoreFactory
+from tests.fences import clock_us, started_fresh
 
 FP = "f" * 64
 OTHER_FP = "0" * 64
@@ -25,8 +26,10 @@ sql_backends = pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 @sql_backends
 async def test_past_retention_is_absent_but_fence_grows(make_store: StoreFactory) -> None:
     store = await make_store(retention=0.3, lock_ttl=0.3)
+    since = clock_us()
     first = await store.claim("k", FP)
-    assert (first.fence, first.record.claims) == (1, 1)
+    assert started_fresh(first.fence, since)
+    assert first.record.claims == 1
     assert await store.complete("k", first.fence, {"v": 1})
     await asyncio.sleep(0.4)
     assert await store.get("k") is None
@@ -34,7 +37,10 @@ async def test_past_retention_is_absent_but_fence_grows(make_store: StoreFactory
 
     again = await store.claim("k", OTHER_FP)  # a new body is no mismatch once forgotten
     assert again.outcome is Outcome.CLAIMED
-    assert (again.fence, again.record.claims) == (2, 1)
+    # The row is still there: above its fence, and restarted from the clock.
+    assert again.fence > first.fence
+    assert started_fresh(again.fence, since)
+    assert again.record.claims == 1
     assert (again.record.fingerprint, again.record.result) == (OTHER_FP, None)
 
 
@@ -97,14 +103,20 @@ async def test_failed_key_with_other_body_is_mismatch(make_store: StoreFactory) 
 async def test_purge_deletes_only_rows_past_retention(make_store: StoreFactory) -> None:
     short = await make_store(retention=0.3, lock_ttl=0.3)
     long = await make_store(key_prefix=short.config.key_prefix + "-long")
+    fences = []
     for store in (short, long):
         claim = await store.claim("k", FP)
+        fences.append(claim.fence)
         assert await store.complete("k", claim.fence, {"v": 1})
     await asyncio.sleep(0.4)
     # Purging is table-wide: expired rows of every prefix count as absent already.
     assert await cast(Purging, short).purge() >= 1
     assert await long.get("k") is not None
-    assert (await short.claim("k", FP)).fence == 1  # the row is gone, so its fence too
+    # The row is gone, its fence with it: the clock starts the next one, above it.
+    since = clock_us()
+    again = await short.claim("k", FP)
+    assert again.fence > fences[0]
+    assert started_fresh(again.fence, since)
 
 
 @sql_backends
