@@ -16,11 +16,14 @@ understood:
 * ``lease-expired-in-outage`` -- its worker logged the delivery as handed
   back because the store could not be reached (or the lease was lost), and
   the execution overlapped a store outage: the lease ran out while the store
-  was away, so the key went to the next claim.
+  was away, so the key went to the next claim. An outage :class:`Window` is
+  for every worker (the server stopped, filled up) or for some processes only
+  (the link of one worker blackholed): it explains only their handing back.
 
-Anything else -- two effects under one fence, a superseded execution whose
-delivery settled as completed, a lease lost with no outage -- is
-``unexplained`` and fails the run.
+Anything else -- two effects under one fence, two executions of the key
+running at the same time (whatever else happened to them), a superseded
+execution whose delivery settled as completed, a lease lost with no
+outage -- is ``unexplained`` and fails the run.
 """
 
 from __future__ import annotations
@@ -61,6 +64,28 @@ class Settled:
         """Whether this settle ended the delivery that ``run`` executed."""
         arrived = self.at - self.duration - CLOCK_SLACK
         return self.pid == run.pid and self.fence == run.fence and arrived <= run.started <= self.at
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """Wall-clock seconds the store was away: for every worker, or only for ``pids``."""
+
+    start: float
+    end: float
+    pids: frozenset[int] | None = None
+
+    def hits(self, pid: int, start: float, end: float) -> bool:
+        """Whether process ``pid`` was cut off from the store at some moment of [start, end]."""
+        mine = self.pids is None or pid in self.pids
+        return mine and start <= self.end and end >= self.start
+
+
+Windows = Iterable[Window | tuple[float, float]]
+
+
+def windows_of(outages: Windows) -> list[Window]:
+    """Plain ``(start, end)`` pairs are outages for every worker."""
+    return [w if isinstance(w, Window) else Window(*w) for w in outages]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +140,7 @@ def read_settled(log_files: Mapping[int, Path]) -> list[Settled]:
     return found
 
 
-def held_through(settled: Iterable[Settled], outages: Iterable[tuple[float, float]]) -> int:
+def held_through(settled: Iterable[Settled], outages: Windows) -> int:
     """Deliveries that arrived before an outage and completed well into it or after it.
 
     Handlers run for at most a few hundred ms: a delivery that completed more
@@ -123,31 +148,60 @@ def held_through(settled: Iterable[Settled], outages: Iterable[tuple[float, floa
     a window is when the restart command returned, a moment after the
     workers may already have reached the store again.)
     """
-    windows = list(outages)
+    windows = windows_of(outages)
     return sum(
         1
         for s in settled
         if s.outcome.startswith("completed")
-        and any(s.at - s.duration < start < s.at - HELD for start, _ in windows)
+        and any(
+            (w.pids is None or s.pid in w.pids) and s.at - s.duration < w.start < s.at - HELD
+            for w in windows
+        )
     )
 
 
-def _overlaps(start: float, end: float, windows: Iterable[tuple[float, float]]) -> bool:
-    return any(start <= w_end and end >= w_start for w_start, w_end in windows)
+def _overlaps(pid: int, start: float, end: float, windows: list[Window]) -> bool:
+    return any(w.hits(pid, start, end) for w in windows)
+
+
+def _ended(run: Run) -> float:
+    """When ``run`` was last known to run: its end, or for one cut short, its effect."""
+    if run.ended is not None:
+        return run.ended
+    return run.effect if run.effect is not None else run.started
+
+
+def alongside(run: Run, others: Iterable[Run]) -> Run | None:
+    """Another execution of the key that ran at the same time as ``run``, if any.
+
+    One claim at a time means one execution at a time: a key's executions
+    follow each other, whatever fault came between them. Two that overlap
+    (by more than the clock slack) ran under two live claims, or one worker
+    ran on after its lease was gone.
+    """
+    for other in others:
+        if other is run or other.key != run.key:
+            continue
+        if other.started < _ended(run) - CLOCK_SLACK and run.started < _ended(other) - CLOCK_SLACK:
+            return other
+    return None
 
 
 def classify(
     effect: Run,
     settled: list[Settled],
     kills: Iterable[Kill],
-    outages: Iterable[tuple[float, float]],
+    outages: Windows,
 ) -> tuple[str, str]:
     """Why ``effect`` did not end in a completion: (cause, evidence)."""
     assert effect.effect is not None
+    windows = windows_of(outages)
     outcomes = [s for s in settled if s.ran(effect) and not s.outcome.startswith(CLAIM_ONLY)]
     if outcomes:
         last = outcomes[-1]
-        if last.outcome.startswith(HANDED_BACK) and _overlaps(effect.started, last.at, outages):
+        if last.outcome.startswith(HANDED_BACK) and _overlaps(
+            effect.pid, effect.started, last.at, windows
+        ):
             ended = "returned" if effect.outcome == "returned" else "was cut short"
             return OUTAGE, (
                 f"pid {effect.pid}: the handler {ended}, then the delivery settled as "
@@ -165,17 +219,19 @@ def duplicates_of(
     runs: Iterable[Run],
     settled: Iterable[Settled],
     kills: Iterable[Kill],
-    outages: Iterable[tuple[float, float]],
+    outages: Windows,
 ) -> list[Duplicate]:
     """Every superseded effect with its cause."""
     effects: dict[str, list[Run]] = defaultdict(list)
+    executions: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
+        executions[run.key].append(run)
         if run.effect is not None:
             effects[run.key].append(run)
     by_key: dict[str, list[Settled]] = defaultdict(list)
     for event in settled:
         by_key[event.key].append(event)
-    kills, outages = list(kills), list(outages)
+    kills, windows = list(kills), windows_of(outages)
     found = []
     for key, done in effects.items():
         done.sort(key=lambda run: run.effect or 0.0)
@@ -186,8 +242,15 @@ def duplicates_of(
                     UNEXPLAINED,
                     f"{fences[run.fence]} effects under fence {run.fence}",
                 )
+            elif other := alongside(run, executions[key]):
+                together = min(_ended(run), _ended(other)) - max(run.started, other.started)
+                cause, evidence = (
+                    UNEXPLAINED,
+                    f"pid {run.pid} fence {run.fence} ran at the same time as pid {other.pid} "
+                    f"fence {other.fence} ({together:.2f}s together)",
+                )
             else:
-                cause, evidence = classify(run, by_key[key], kills, outages)
+                cause, evidence = classify(run, by_key[key], kills, windows)
             returned = run.outcome == "returned"
             found.append(Duplicate(key, run.fence, run.pid, cause, evidence, returned))
     return found
