@@ -38,15 +38,18 @@ what it leaves is the fault's alone (see ``tests.chaos.faults``):
   forwarding for ``--stall`` seconds (default 6, more than two leases) without
   closing anything: packets dropped, no reset. Then it forwards again.
 - ``slow`` (the same stores): every worker reaches the store through a proxy
-  that holds each chunk ``--delay`` ms (default 25) in each direction, for the
-  whole run, with a prefetch of 256 and the 2.5 s lease.
+  that holds each chunk ``--delay`` ms (default 50) in each direction, for the
+  whole run, with a prefetch of 256, the 2.5 s lease, and messages published
+  at 4 x ``--rate`` so the prefetch windows fill up.
 
 SQLite has no server and no link to fault: only ``classic`` runs for it. A
 kind that does not fit a store is skipped for it. The default
 ``--store all`` makes 14 runs: 5 classic, 1 full, 4 blackhole, 4 slow.
 
 Reading the table: *lost* counts keys neither completed in the store
-(``get(key)``) nor in the private broker's ``Q.dlq``. The ledger
+(``get(key)``) nor in the private broker's ``Q.dlq``; *parked* counts keys
+whose handler was meant to succeed, not completed, found only in ``Q.dlq``
+(claimed too many times, say): not lost, but their work was never done. The ledger
 (``tests.chaos.ledger``) records every execution and stamps its side effect;
 a key with two stamped effects is a *duplicate effect*. One is *explained by
 a kill* when its worker was SIGKILLed after the effect and never settled the
@@ -59,10 +62,11 @@ execution ran at the same time as another execution of its key, whatever
 the fault. The classic runs print one table, a column per store; the other
 kinds a second table, a row per store and fault.
 
-Exit status: 0 when every run ends with lost = 0 and no unexplained
-duplicate effect (in transactional mode: no duplicate effect at all); 1
-otherwise (the evidence is printed under the tables); 2 on bad usage.
-``--keep DIR`` keeps each store's ledger and worker logs.
+Exit status: 0 when every run ends with lost = 0, parked = 0 and no
+unexplained duplicate effect (in transactional mode: no duplicate effect at
+all); 1 otherwise (the evidence is printed under the tables); 2 on bad
+usage. ``--keep DIR`` keeps each store's ledger and worker logs (those of
+the other fault kinds under ``DIR/<fault>/``).
 """
 
 from __future__ import annotations
@@ -109,7 +113,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--stall", type=float, default=6.0, help="seconds a blackholed link stalls (default 6)"
     )
     parser.add_argument(
-        "--delay", type=float, default=25.0, help="ms a slow link holds each chunk (default 25)"
+        "--delay", type=float, default=50.0, help="ms a slow link holds each chunk (default 50)"
     )
     parser.add_argument("--keep", type=Path, help="keep ledgers and worker logs here")
     args = parser.parse_args(argv)

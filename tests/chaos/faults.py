@@ -13,10 +13,13 @@
   link resumes and everything held is delivered late.
 - ``slow``: every worker reaches the store through one proxy that holds each
   chunk ``slow_delay`` seconds in each direction, for the whole run, with a
-  prefetch of 256 (each worker takes that many deliveries at once) and the
-  run's 2.5 s lease. 25 ms each way is a store in another region (50 ms
-  round trips, more for a transaction of several statements): enough that
-  256 deliveries queueing for a pool of connections wait longer than a lease.
+  prefetch of 256 (each worker takes that many deliveries at once), the
+  run's 2.5 s lease, and the messages published ``SLOW_BURST`` times as fast
+  so the prefetch windows do fill up. 50 ms each way, the top of the range
+  a store in another region shows (100 ms round trips, several for a
+  transaction), is the harshest realistic link: every store call, lease
+  renewals included, then queues behind hundreds of others for a pool of a
+  few connections, and a lease of 2.5 s leaves little room for that.
 
 The three new kinds run without kills, broker restart or outage, so every
 duplicate effect they leave is their own. SQLite has no server and no link,
@@ -37,6 +40,7 @@ BLACKHOLE = "blackhole"
 SLOW = "slow"
 FAULTS = (CLASSIC, FULL, BLACKHOLE, SLOW)
 STALLED_SLOT = 0  # the worker whose link to the store is blackholed
+SLOW_BURST = 4  # a slow run publishes this many times as fast as the others
 
 
 def fits(fault: str, store: str) -> bool:

@@ -32,7 +32,16 @@ from consumer.container import topology_of
 from settings import Settings
 from stores.base import Status, Store
 from tests.chaos.drain import Drain, statuses
-from tests.chaos.faults import BLACKHOLE, CLASSIC, FULL, SLOW, STALLED_SLOT, fits, proxy_to
+from tests.chaos.faults import (
+    BLACKHOLE,
+    CLASSIC,
+    FULL,
+    SLOW,
+    SLOW_BURST,
+    STALLED_SLOT,
+    fits,
+    proxy_to,
+)
 from tests.chaos.ledger import LEDGER_ENV, read_runs
 from tests.chaos.processes import private_dir
 from tests.chaos.producer import Order, Publisher, Sent, plan, produce
@@ -78,7 +87,7 @@ class ChaosConfig:
     outage_when_running: int = 8  # handlers in flight when the store goes away
     fault_at: float = 0.25  # share of the flow before a full store or a blackhole
     stall: float = 6.0  # seconds a blackholed link holds everything; more than two leases
-    slow_delay: float = 0.025  # seconds a slow link holds each chunk, each way
+    slow_delay: float = 0.05  # seconds a slow link holds each chunk, each way
     slow_prefetch: int = 256
     lock_ttl: float = 2.5
     conflict_delay: float = 0.75
@@ -107,6 +116,7 @@ class Report:
     effects: int = 0
     attempted: int = 0  # effects begun; in transactional mode some were rolled back
     held: int = 0  # deliveries whose completion waited for the store to come back
+    slowest: float = 0.0  # seconds from a delivery's arrival to its settle, at most
     dlq_messages: int = 0
     left_in_queues: int = 0
     drained: bool = False
@@ -283,7 +293,9 @@ async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Repo
         await observer.close()
 
         orders = plan(config.messages, config.duplicates, run, rng)
-        flow = sum(1 + order.copies for order in orders) / config.rate
+        # A slow store meets a burst: the workers' prefetch windows fill up.
+        rate = config.rate * (SLOW_BURST if config.fault == SLOW else 1)
+        flow = sum(1 + order.copies for order in orders) / rate
         timeline = Timeline(config, flow, rng)
         log.info("%s, %s: %d workers consuming; publishing for about %.0fs", config.store,
                  config.fault, config.workers, flow)  # fmt: skip
@@ -302,10 +314,11 @@ async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Repo
             else:
                 timeline.detail = (
                     f"every worker's link {config.slow_delay * 1000:g} ms each way per chunk, "
-                    f"prefetch {config.slow_prefetch}, lease {config.lock_ttl:g}s"
+                    f"prefetch {config.slow_prefetch}, lease {config.lock_ttl:g}s, "
+                    f"published at {rate:g}/s"
                 )
             producing = asyncio.ensure_future(
-                produce(publisher, orders, config.rate, done_checker(store), rng)
+                produce(publisher, orders, rate, done_checker(store), rng)
             )
             await asyncio.gather(producing, *faults)
             sent = producing.result()
@@ -371,7 +384,8 @@ async def _report(
     settled = read_settled(pool.log_files)
     windows = timeline.windows(pool)
     duplicates = duplicates_of(runs, settled, pool.kills, windows)
-    verdict = judge([o.key for o in orders], drain.completed, drain.dead, duplicates)
+    failing = {o.key for o in orders if o.body.get("fail") in ("always", "permanent")}
+    verdict = judge([o.key for o in orders], drain.completed, drain.dead, duplicates, failing)
     verdict.strict = transactional
     return Report(
         store=config.store,
@@ -389,6 +403,7 @@ async def _report(
         effects=sum(1 for r in runs if r.effect is not None),
         attempted=attempted,
         held=held_through(settled, windows),
+        slowest=max((s.duration for s in settled), default=0.0),
         dlq_messages=drain.dlq_messages,
     )
 

@@ -76,6 +76,8 @@ def _verdict(report: Report) -> str:
         why.append("drain deadline missed")
     if report.verdict.lost:
         why.append("keys lost")
+    if report.verdict.parked:
+        why.append("keys parked in Q.dlq")
     if report.verdict.count(UNEXPLAINED):
         why.append("unexplained duplicates")
     elif report.verdict.strict and report.verdict.duplicates:
@@ -95,6 +97,7 @@ ROWS: list[tuple[str, Callable[[Report], object]]] = [
     ("handler executions / effects", _effects),
     ("keys completed (store)", lambda r: r.verdict.completed),
     ("keys in Q.dlq (by reason)", _dead_lettered),
+    ("  of them parked (meant to complete)", lambda r: len(r.verdict.parked)),
     ("lost", lambda r: len(r.verdict.lost)),
     ("duplicate effects: explained by a kill", lambda r: r.verdict.count(KILLED)),
     ("duplicate effects: lease expired in outage", _outage_duplicates),
@@ -121,7 +124,9 @@ FAULT_COLUMNS: list[tuple[str, Callable[[Report], object]]] = [
     ("sent (copies)", lambda r: f"{r.sent.total} ({r.sent.total - r.sent.originals})"),
     ("runs / effects", lambda r: f"{r.executions} / {r.effects}"),
     ("held", lambda r: r.held if r.outages else "-"),
+    ("slowest", lambda r: f"{r.slowest:.1f} s"),
     ("Q.dlq", lambda r: sum(r.verdict.dead_lettered.values())),
+    ("parked", lambda r: len(r.verdict.parked)),
     ("lost", lambda r: len(r.verdict.lost)),
     ("dup. effects", lambda r: len(r.verdict.duplicates)),
     ("in fault", lambda r: r.verdict.count(OUTAGE)),
@@ -136,8 +141,10 @@ def render_faults(reports: list[Report]) -> Table:
     """One row per run of a fault kind other than classic (none of them kills a worker)."""
     # What each fault did goes under the table, a line per run: too long for a cell.
     legend = (
-        "dup. effects: keys' superseded effects; in fault: of them, lease expired while the "
-        "store was away from their worker; unexpl.: of them, unexplained"
+        "slowest: longest delivery, arrival to settle; parked: in Q.dlq though meant to "
+        "complete; dup. effects: superseded effects; "
+        "in fault: of them, lease expired while the store was away from their worker; "
+        "unexpl.: of them, unexplained"
     )
     caption = "\n".join([legend, *(f"{r.store} {r.fault}: {r.fault_detail}" for r in reports)])
     table = Table(
@@ -165,6 +172,7 @@ def evidence(report: Report, limit: int = 20, examples: int = 3) -> list[str]:
     """Each lost key and unexplained duplicate (up to ``limit``), a few examples of the rest."""
     name = report.store if report.fault == CLASSIC else f"{report.store} {report.fault}"
     lines = [f"{name}: lost {key}" for key in report.verdict.lost[:limit]]
+    lines += [f"{name}: parked in Q.dlq {key}" for key in report.verdict.parked[:examples]]
     shown: Counter[str] = Counter()
     for dup in report.verdict.duplicates:
         cap = limit if dup.cause == UNEXPLAINED else examples

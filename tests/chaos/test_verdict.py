@@ -155,3 +155,11 @@ def test_a_window_of_one_process_explains_only_its_handing_back() -> None:
     other = Window(*OUTAGE_WINDOW, frozenset({11}))
     assert [d.cause for d in duplicates_of(runs, settled, [], [mine])] == [OUTAGE]
     assert [d.cause for d in duplicates_of(runs, settled, [], [other])] == [UNEXPLAINED]
+
+
+def test_a_key_meant_to_complete_found_only_in_the_dlq_is_parked() -> None:
+    dead = {"b": {"permanent-error"}, "c": {"poison"}, "d": {"poison"}}
+    verdict = judge(["a", "b", "c", "d"], {"a", "d"}, dead, [], failing={"b"})
+    assert verdict.parked == ["c"]  # d's dead letter was a copy: the key completed
+    assert verdict.lost == []
+    assert not verdict.ok

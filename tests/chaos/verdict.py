@@ -108,6 +108,8 @@ class Verdict:
     lost: list[str]
     duplicates: list[Duplicate] = field(default_factory=list)
     strict: bool = False  # transactional mode: no duplicate effect at all
+    # Keys whose handler was meant to succeed, not completed, only in Q.dlq.
+    parked: list[str] = field(default_factory=list)
 
     def count(self, cause: str) -> int:
         return sum(1 for d in self.duplicates if d.cause == cause)
@@ -116,7 +118,7 @@ class Verdict:
     def ok(self) -> bool:
         if self.strict and self.duplicates:
             return False
-        return not self.lost and self.count(UNEXPLAINED) == 0
+        return not self.lost and not self.parked and self.count(UNEXPLAINED) == 0
 
 
 def read_settled(log_files: Mapping[int, Path]) -> list[Settled]:
@@ -261,18 +263,28 @@ def judge(
     completed: set[str],
     dead_letters: Mapping[str, set[str]],
     duplicates: list[Duplicate],
+    failing: set[str] | None = None,
 ) -> Verdict:
-    """``dead_letters``: key -> the reasons its dead letters carry."""
+    """``dead_letters``: key -> the reasons its dead letters carry.
+
+    ``failing``: the keys whose handler is meant to fail for good; any other
+    key that did not complete but went to ``Q.dlq`` was *parked* there by a
+    fault (claimed too many times, say): not lost, but its work never done.
+    """
     keys = list(keys)
     reasons: Counter[str] = Counter()
     for key in keys:
         for reason in dead_letters.get(key, ()):
             reasons[reason] += 1
     lost = [k for k in keys if k not in completed and k not in dead_letters]
+    parked = []
+    if failing is not None:
+        parked = [k for k in keys if k in dead_letters and k not in completed and k not in failing]
     return Verdict(
         keys=len(keys),
         completed=sum(1 for k in keys if k in completed),
         dead_lettered=dict(sorted(reasons.items())),
         lost=lost,
         duplicates=duplicates,
+        parked=parked,
     )
