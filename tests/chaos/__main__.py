@@ -59,7 +59,9 @@ full) during the outage -- for a blackhole, only if it is the worker cut
 off -- and the lease then ran out and a redelivery ran the handler again;
 anything else is *unexplained*, and so is any duplicate effect whose
 execution ran at the same time as another execution of its key, whatever
-the fault. The classic runs print one table, a column per store; the other
+the fault. *Overlaps* counts every such pair of executions, with an effect
+or not (a handler blocked in a store call while another worker reran its
+key, say); it does not fail a run by itself. The classic runs print one table, a column per store; the other
 kinds a second table, a row per store and fault.
 
 Exit status: 0 when every run ends with lost = 0, parked = 0 and no

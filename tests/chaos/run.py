@@ -60,6 +60,7 @@ from tests.chaos.verdict import (
     duplicates_of,
     held_through,
     judge,
+    overlapping,
     read_settled,
 )
 from tests.chaos.workers import Pool
@@ -116,6 +117,7 @@ class Report:
     effects: int = 0
     attempted: int = 0  # effects begun; in transactional mode some were rolled back
     held: int = 0  # deliveries whose completion waited for the store to come back
+    overlaps: int = 0  # pairs of executions of one key that ran at the same time
     slowest: float = 0.0  # seconds from a delivery's arrival to its settle, at most
     dlq_messages: int = 0
     left_in_queues: int = 0
@@ -403,6 +405,7 @@ async def _report(
         effects=sum(1 for r in runs if r.effect is not None),
         attempted=attempted,
         held=held_through(settled, windows),
+        overlaps=len(overlapping(runs)),
         slowest=max((s.duration for s in settled), default=0.0),
         dlq_messages=drain.dlq_messages,
     )

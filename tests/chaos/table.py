@@ -102,6 +102,7 @@ ROWS: list[tuple[str, Callable[[Report], object]]] = [
     ("duplicate effects: explained by a kill", lambda r: r.verdict.count(KILLED)),
     ("duplicate effects: lease expired in outage", _outage_duplicates),
     ("duplicate effects: unexplained", lambda r: r.verdict.count(UNEXPLAINED)),
+    ("executions of one key at the same time", lambda r: r.overlaps),
     ("left in work/retry queues", lambda r: r.left_in_queues),
     ("wall time", lambda r: f"{r.wall:.1f} s"),
     ("verdict", _verdict),
@@ -131,6 +132,7 @@ FAULT_COLUMNS: list[tuple[str, Callable[[Report], object]]] = [
     ("dup. effects", lambda r: len(r.verdict.duplicates)),
     ("in fault", lambda r: r.verdict.count(OUTAGE)),
     ("unexpl.", lambda r: r.verdict.count(UNEXPLAINED)),
+    ("overlaps", lambda r: r.overlaps),
     ("left", lambda r: r.left_in_queues),
     ("wall", lambda r: f"{r.wall:.0f} s"),
     ("verdict", _verdict),
@@ -144,7 +146,8 @@ def render_faults(reports: list[Report]) -> Table:
         "slowest: longest delivery, arrival to settle; parked: in Q.dlq though meant to "
         "complete; dup. effects: superseded effects; "
         "in fault: of them, lease expired while the store was away from their worker; "
-        "unexpl.: of them, unexplained"
+        "unexpl.: of them, unexplained; overlaps: pairs of executions of one key at the same "
+        "time, with or without an effect"
     )
     caption = "\n".join([legend, *(f"{r.store} {r.fault}: {r.fault_detail}" for r in reports)])
     table = Table(

@@ -18,6 +18,7 @@ from tests.chaos.verdict import (
     duplicates_of,
     held_through,
     judge,
+    overlapping,
     read_settled,
 )
 from tests.chaos.workers import Kill
@@ -163,3 +164,10 @@ def test_a_key_meant_to_complete_found_only_in_the_dlq_is_parked() -> None:
     assert verdict.parked == ["c"]  # d's dead letter was a copy: the key completed
     assert verdict.lost == []
     assert not verdict.ok
+
+
+def test_overlapping_executions_are_counted_with_or_without_an_effect() -> None:
+    stalled = Run("k", 1, 1, 10, T0, None, T0 + 6, "cancelled")
+    meanwhile = run(2, 11, T0 + 3)
+    after = run(3, 12, T0 + 7)
+    assert overlapping([after, meanwhile, stalled]) == [(stalled, meanwhile)]

@@ -189,6 +189,25 @@ def alongside(run: Run, others: Iterable[Run]) -> Run | None:
     return None
 
 
+def overlapping(runs: Iterable[Run]) -> list[tuple[Run, Run]]:
+    """Pairs of executions of one key that ran at the same time, effect or not.
+
+    Without an effect in both, no duplicate comes of it (a transaction rolled
+    back, a handler cut short before its effect), but the key was still run
+    by two at once: a figure of its own.
+    """
+    by_key: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_key[run.key].append(run)
+    pairs = []
+    for executions in by_key.values():
+        executions.sort(key=lambda run: run.started)
+        for n, run in enumerate(executions):
+            later = executions[n + 1 :]
+            pairs += [(run, other) for other in later if alongside(run, [other]) is not None]
+    return pairs
+
+
 def classify(
     effect: Run,
     settled: list[Settled],
