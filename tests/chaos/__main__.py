@@ -61,8 +61,9 @@ anything else is *unexplained*, and so is any duplicate effect whose
 execution ran at the same time as another execution of its key, whatever
 the fault. *Overlaps* counts every such pair of executions, with an effect
 or not (a handler blocked in a store call while another worker reran its
-key, say); it does not fail a run by itself. The classic runs print one table, a column per store; the other
-kinds a second table, a row per store and fault.
+key, say); it does not fail a run by itself. The classic runs print one
+table, a column per store; the other kinds a second table, a row per store
+and fault.
 
 Exit status: 0 when every run ends with lost = 0, parked = 0 and no
 unexplained duplicate effect (in transactional mode: no duplicate effect at
@@ -174,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("aiormq", "aio_pika", "psycopg.pool", "botocore"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     reports = asyncio.run(run_all(args))
-    # Wide enough for four stores side by side when the output is a file or a pipe.
-    console = Console(width=None if sys.stdout.isatty() else 150)
+    # Wide enough for the stores side by side, and the faults table's columns,
+    # when the output is a file or a pipe.
+    console = Console(width=None if sys.stdout.isatty() else 160)
     for table in tables(reports):
         console.print(table)
     for line in (line for report in reports for line in evidence(report)):

@@ -122,14 +122,14 @@ def render(reports: list[Report]) -> Table:
 FAULT_COLUMNS: list[tuple[str, Callable[[Report], object]]] = [
     ("store", lambda r: r.store),
     ("fault", lambda r: r.fault),
-    ("sent (copies)", lambda r: f"{r.sent.total} ({r.sent.total - r.sent.originals})"),
-    ("runs / effects", lambda r: f"{r.executions} / {r.effects}"),
+    ("sent", lambda r: r.sent.total),
+    ("runs/effects", lambda r: f"{r.executions}/{r.effects}"),
     ("held", lambda r: r.held if r.outages else "-"),
     ("slowest", lambda r: f"{r.slowest:.1f} s"),
     ("Q.dlq", lambda r: sum(r.verdict.dead_lettered.values())),
     ("parked", lambda r: len(r.verdict.parked)),
     ("lost", lambda r: len(r.verdict.lost)),
-    ("dup. effects", lambda r: len(r.verdict.duplicates)),
+    ("dup.", lambda r: len(r.verdict.duplicates)),
     ("in fault", lambda r: r.verdict.count(OUTAGE)),
     ("unexpl.", lambda r: r.verdict.count(UNEXPLAINED)),
     ("overlaps", lambda r: r.overlaps),
@@ -144,7 +144,7 @@ def render_faults(reports: list[Report]) -> Table:
     # What each fault did goes under the table, a line per run: too long for a cell.
     legend = (
         "slowest: longest delivery, arrival to settle; parked: in Q.dlq though meant to "
-        "complete; dup. effects: superseded effects; "
+        "complete; dup.: duplicate (superseded) effects; "
         "in fault: of them, lease expired while the store was away from their worker; "
         "unexpl.: of them, unexplained; overlaps: pairs of executions of one key at the same "
         "time, with or without an effect"
