@@ -35,6 +35,7 @@ from consumer.runtime.purge import PURGE_INTERVAL
 from consumer.runtime.worker import Worker, WorkerConfig
 from settings import ConfigError, QueueType, Settings, load_settings
 from stores.base import Store, StoreConfig
+from stores.deadline import DeadlineStore
 
 TRANSACTIONAL = "postgres_tx"  # the backend key of transactional mode
 
@@ -132,6 +133,7 @@ def pipeline_config(settings: Settings) -> PipelineConfig:
         lock_ttl=settings.lock_ttl,
         handler_timeout=settings.handler_timeout,
         retry=RetryPolicy(tuple(settings.retry_delays), settings.max_attempts),
+        in_flight=settings.prefetch,
         log_acks=settings.log_level.value == "debug",
     )
 
@@ -201,7 +203,12 @@ class Container(containers.DeclarativeContainer):
     # and its pipeline reports to an observer (metrics, plus spans when
     # OpenTelemetry is configured). `health` serves /metrics, /healthz, /readyz.
     metrics = providers.Singleton(Metrics)
-    metered_store = providers.Singleton(MeteredStore, providers.Singleton(batched, store), metrics)
+    # Innermost, every store call gets its deadline: a batch that hangs must
+    # not hold up the deliveries queued behind it.
+    bounded_store = providers.Singleton(DeadlineStore, store)
+    metered_store = providers.Singleton(
+        MeteredStore, providers.Singleton(batched, bounded_store), metrics
+    )
     timed_handler = providers.Singleton(timed, handler, metrics)
     observer = providers.Singleton(
         traced, providers.Factory(MetricsObserver, metrics), settings.provided.queue

@@ -115,6 +115,13 @@ class StoreConfig:
     max_claims: int = 10
     key_prefix: str = "semel"
 
+    @property
+    def call_deadline(self) -> float:
+        """Seconds any one store call may take: a third of the lease, the interval
+        of its heartbeats. A claim answered later than this is given up by the
+        consumer anyway, and a heartbeat sent this late still lands in the lease."""
+        return self.lock_ttl / 3
+
     def namespaced(self, key: str) -> str:
         """The key as stored: prefixed so services sharing one store never collide."""
         return f"{self.key_prefix}:{key}"

@@ -263,7 +263,9 @@ def _held(refused: ClientError) -> Item | None:
     return cast("Item | None", cast(dict[str, Any], refused.response).get("Item"))
 
 
-def _client(endpoint_url: str | None, region: str, connections: int) -> DynamoDBClient:
+def _client(
+    endpoint_url: str | None, region: str, connections: int, deadline: float
+) -> DynamoDBClient:
     # A session of its own: boto3's default session is shared and not thread-safe.
     return boto3.session.Session().client(
         "dynamodb",
@@ -271,7 +273,9 @@ def _client(endpoint_url: str | None, region: str, connections: int) -> DynamoDB
         region_name=region,
         config=Config(
             connect_timeout=CONNECT_TIMEOUT,
-            read_timeout=READ_TIMEOUT,
+            # An answer later than the call's deadline is abandoned by the consumer;
+            # the thread waiting for it is freed no later than this.
+            read_timeout=min(READ_TIMEOUT, deadline),
             retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"},
             max_pool_connections=connections,
             # The requests are built by this module alone, in shapes the tests send
@@ -292,6 +296,6 @@ async def open_store(
     """
     executor = ThreadPoolExecutor(max_workers=connections, thread_name_prefix="dynamodb")
     client = await asyncio.get_running_loop().run_in_executor(
-        executor, _client, endpoint_url, region, connections
+        executor, _client, endpoint_url, region, connections, config.call_deadline
     )
     return DynamoDBStore(config, client, table, executor)

@@ -38,6 +38,7 @@ from stores.refusal import refused_outcome, written_claim
 
 CONNECT_TIMEOUT = 3  # seconds; libpq's minimum useful value is 2
 POOL_TIMEOUT = 5.0  # seconds a caller waits for a pooled connection
+STATEMENT_FLOOR_MS = 1000  # the shortest statement_timeout set on the store's connections
 # Bounds of the store's pool. With claims and completions batched, a process
 # has few statements on the wire at once: two claim batches and two
 # completion batches (consumer.delivery.batching), plus the unbatched fenced writes
@@ -223,8 +224,14 @@ class PostgresStore(Store):
 
     async def migrate(self) -> list[str]:
         async with self._cursor() as cur:
-            for statement in schema(self._table):
-                await cur.execute(statement)
+            # A schema change may wait for locks or build an index: no deadline
+            # for it, and the connection's own one back afterwards.
+            await cur.execute("SET statement_timeout = 0")
+            try:
+                for statement in schema(self._table):
+                    await cur.execute(statement)
+            finally:
+                await cur.execute("RESET statement_timeout")
         return []
 
     async def ping(self) -> None:
@@ -246,7 +253,7 @@ async def open_store(*, dsn: str, table: str, connections: int, config: StoreCon
 
     Keys go in ``table``. Fails fast when the server is down.
     """
-    pool = await open_pool(dsn=dsn, size=pool_size(connections))
+    pool = await open_pool(dsn=dsn, size=pool_size(connections), deadline=config.call_deadline)
     return PostgresStore(config, pool, table)
 
 
@@ -256,14 +263,33 @@ async def open_pool(
     size: int,
     name: str = "semel-postgres",
     configure: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
+    deadline: float | None = None,
 ) -> AsyncConnectionPool:
     """An open pool of at most ``size`` autocommit connections to ``dsn``.
 
-    ``configure`` runs on each new connection.
+    ``configure`` runs on each new connection. With ``deadline`` (seconds), the
+    server ends any statement running longer, and the kernel drops a
+    connection whose sent bytes go unacknowledged that long (a blackholed
+    route); keep-alives find an idle connection that died the same way.
+    Settings the DSN names itself are left as it says.
     """
+    given = conninfo_to_dict(dsn)
     kwargs: dict[str, Any] = {"autocommit": True, "application_name": "semel"}
-    if "connect_timeout" not in conninfo_to_dict(dsn):
+    if "connect_timeout" not in given:
         kwargs["connect_timeout"] = CONNECT_TIMEOUT
+    if deadline is not None:
+        ms = max(1, round(deadline * 1000))
+        bounds = {
+            "tcp_user_timeout": ms,
+            "keepalives": 1,
+            "keepalives_idle": max(1, round(deadline)),
+            "keepalives_interval": max(1, round(deadline / 3)),
+            "keepalives_count": 3,
+            # A backstop behind the client's own deadline, never shorter than the
+            # lock waits some statements are meant to give up on by themselves.
+            "options": f"-c statement_timeout={max(ms, STATEMENT_FLOOR_MS)}",
+        }
+        kwargs |= {name: value for name, value in bounds.items() if name not in given}
     with translated():
         # The pool retries a refused connection until its timeout runs out;
         # one direct attempt first reports a down server at once, with libpq's reason.

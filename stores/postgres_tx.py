@@ -271,7 +271,10 @@ async def open_store(
     """
     size = pool_size(connections, POOL_MAX)
     pool = await open_pool(
-        dsn=dsn, size=size, configure=_set("lock_timeout", f"{LOCK_TIMEOUT_MS}ms")
+        dsn=dsn,
+        size=size,
+        configure=_set("lock_timeout", f"{LOCK_TIMEOUT_MS}ms"),
+        deadline=config.call_deadline,
     )
     idle = round((handler_timeout + IDLE_MARGIN) * 1000)
     try:

@@ -288,7 +288,8 @@ async def open_store(*, url: str, connections: int, config: StoreConfig) -> Stor
         max_connections=connections,
         timeout=POOL_WAIT,
         socket_connect_timeout=CONNECT_TIMEOUT,
-        socket_timeout=COMMAND_TIMEOUT,
+        # Never past a third of the lease: a reply that late is abandoned anyway.
+        socket_timeout=min(COMMAND_TIMEOUT, config.call_deadline),
         # Never resend: a script that ran but whose reply was lost would run
         # twice, and a repeated complete would report a fence it lost to itself.
         # Scripts bypass the client's retry loop (stores.redis_eval); ping and

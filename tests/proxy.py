@@ -56,8 +56,10 @@ class TcpProxy:
 
     async def close(self) -> None:
         await self.cut()
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -77,6 +79,8 @@ class TcpProxy:
                 return_exceptions=True,
             )
             self._links -= {client_w, server_w}
+        except asyncio.CancelledError:
+            pass  # closed by close(): the top of a connection's own task, nobody awaits it
         finally:
             self._tasks.discard(task)
 

@@ -123,12 +123,19 @@ def batched(store: Store) -> Store:
     )
 
 
+def _backend(store: Store) -> Store:
+    # Wrappers pass the batch calls on whatever the backend does with them.
+    while isinstance(store, DelegatingStore):
+        store = store.inner
+    return store
+
+
 def _claims_in_batches(store: Store) -> bool:
-    return type(store).claim_many is not Store.claim_many
+    return type(_backend(store)).claim_many is not Store.claim_many
 
 
 def _completes_in_batches(store: Store) -> bool:
-    return type(store).complete_many is not Store.complete_many
+    return type(_backend(store)).complete_many is not Store.complete_many
 
 
 class BatchingStore(DelegatingStore):

@@ -1,10 +1,13 @@
 """Running a handler under its claim: a lease renewed by heartbeats, and lost on takeover.
 
-A claim is a lease of ``SEMEL_LOCK_TTL`` seconds. While the handler runs, a
-heartbeat renews it every third of that; if the store answers that the claim
-was taken over, the handler is cancelled at once and nothing more is written
-for it (the new owner owns the key). If the store cannot be reached, the
-heartbeat keeps trying until the lease would have run out, then gives up.
+A claim is a lease of ``SEMEL_LOCK_TTL`` seconds. From the claim until the
+outcome is stored, a heartbeat renews it every third of that: while the
+handler runs, and after, while its completion waits for a slow store (a
+lease that lapsed there would let another copy run the handler again). If
+the store answers that the claim was taken over while the handler runs, the
+handler is cancelled at once and nothing more is written for it (the new
+owner owns the key). If the store cannot be reached, the heartbeat keeps
+trying until the lease would have run out, then gives up.
 """
 
 from __future__ import annotations
@@ -48,29 +51,40 @@ class Lease:
         return self.expires_at - time.monotonic()
 
 
-class _Renewal:
-    """Renews one lease from timers while its handler runs; no task of its own
-    unless a renewal is due, so a handler that finishes within a third of the
+class Renewal:
+    """Renews one lease from timers until :meth:`stop`; no task of its own
+    unless a renewal is due, so a delivery settled within a third of the
     lease (nearly all of them) costs nothing here.
 
-    When the claim turns out taken over, or the store stays unreachable until
-    the lease would have run out, the handler's task is cancelled and
-    :attr:`lost` says why. Renewal stops for good ``give_up`` seconds after
-    the start: a handler that ignores its cancellation past its time limit
-    does not keep the key from everyone else; its writes are fenced.
+    While the handler runs (:meth:`guard`), a claim that turns out taken over,
+    or a store unreachable until the lease would have run out, cancels the
+    handler's task and :attr:`lost` says why. Renewal stops for good
+    ``give_up`` seconds after the guard starts: a handler that ignores its
+    cancellation past its time limit does not keep the key from everyone
+    else; its writes are fenced. Once the handler has ended, a lost lease
+    only stops the renewals: the outcome's own write is fenced and tells.
     """
 
-    def __init__(self, store: Store, lease: Lease, owner: asyncio.Task[Any], give_up: float):
+    def __init__(self, store: Store, lease: Lease) -> None:
         self._store = store
-        self._lease = lease
-        self._owner = owner
+        self.lease = lease
         self._loop = asyncio.get_running_loop()
         self._interval = lease.ttl / HEARTBEATS_PER_LEASE
-        self._give_up_at = self._loop.time() + give_up
+        self._owner: asyncio.Task[Any] | None = None
+        self._give_up_at = math.inf
         self._stopped = False
         self._beat: asyncio.Task[None] | None = None
         self._timer = self._loop.call_later(self._interval, self._due)
         self.lost: BaseException | None = None
+
+    def guard(self, owner: asyncio.Task[Any], give_up: float) -> None:
+        """The handler runs in ``owner``: cancel it if the lease is lost."""
+        self._owner = owner
+        self._give_up_at = self._loop.time() + give_up
+
+    def unguard(self) -> None:
+        """The handler has ended; keep renewing until the outcome is stored."""
+        self._owner = None
 
     def hold(self) -> None:
         """Renew for as long as the handler runs, past the time limit: its thread
@@ -78,11 +92,15 @@ class _Renewal:
         self._give_up_at = math.inf
 
     def _due(self) -> None:
-        if not self._stopped and self._loop.time() < self._give_up_at:
+        if self._stopped:
+            return
+        if self._loop.time() < self._give_up_at:
             self._beat = self._loop.create_task(self._renew())
+        else:  # given up for good: a lease left to run out is never picked up again
+            self._stopped = True
 
     async def _renew(self) -> None:
-        lease = self._lease
+        lease = self.lease
         try:
             sent_at = time.monotonic()
             # Bounded by the lease: a store that never answers (packets dropped,
@@ -115,26 +133,30 @@ class _Renewal:
             self._timer = self._loop.call_later(delay, self._due)
 
     def _lose(self, why: BaseException) -> None:
-        if not self._stopped:
-            self.lost = why
+        if self._stopped:
+            return
+        self._stopped = True  # nothing left to renew
+        self.lost = why
+        if self._owner is not None:
             self._owner.cancel()
 
     async def stop(self) -> None:
         """Stop renewing; a renewal already sent lands before the outcome is written,
-        so no late renewal can hold a key this worker released."""
+        so no late renewal can hold a key this worker released. Idempotent."""
         self._stopped = True
+        self._owner = None
         self._timer.cancel()
-        if self._beat is not None and not self._beat.done():
-            await asyncio.wait({self._beat}, timeout=_CANCEL_WAIT)
-            if not self._beat.done():
-                self._beat.cancel()
+        beat, self._beat = self._beat, None
+        if beat is not None and not beat.done():
+            await asyncio.wait({beat}, timeout=_CANCEL_WAIT)
+            if not beat.done():
+                beat.cancel()
 
 
 async def run_leased(
     handler: Handler,
     context: Context,
-    store: Store,
-    lease: Lease,
+    renewal: Renewal,
     time_limit: float,
     overrun: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
 ) -> Any:
@@ -147,14 +169,16 @@ async def run_leased(
     A plain handler's thread cannot be cancelled: past the time limit its key
     stays owned, renewed, until the thread ends (``overrun`` is entered
     meanwhile, for the metric); only then does the attempt count as failed.
+    ``renewal`` goes on after this returns: the caller stops it once the
+    outcome is stored.
     """
     owner = asyncio.current_task()
     assert owner is not None
-    renewal = _Renewal(store, lease, owner, give_up=time_limit + _CANCEL_WAIT)
+    renewal.guard(owner, give_up=time_limit + _CANCEL_WAIT)
     limit: asyncio.Timeout | None = None
     try:
         if not is_async(handler):
-            return await _in_thread(handler, context, lease, renewal, time_limit, overrun)
+            return await _in_thread(handler, context, renewal, time_limit, overrun)
         async with asyncio.timeout(time_limit) as limit:
             return await handler(context)
     except asyncio.CancelledError:
@@ -167,14 +191,13 @@ async def run_leased(
             raise HandlerTimeout(f"handler ran longer than {time_limit:g}s") from None
         raise
     finally:
-        await renewal.stop()
+        renewal.unguard()
 
 
 async def _in_thread(
     handler: Handler,
     context: Context,
-    lease: Lease,
-    renewal: _Renewal,
+    renewal: Renewal,
     time_limit: float,
     overrun: Callable[[], AbstractContextManager[object]],
 ) -> Any:
@@ -182,6 +205,7 @@ async def _in_thread(
     done, _ = await asyncio.wait({running}, timeout=time_limit)
     if done:
         return await result_of(running)
+    lease = renewal.lease
     lease.busy = True
     renewal.hold()
     with overrun():

@@ -35,3 +35,6 @@ class Observer:
 
     def settled(self, delivery: Delivery, decision: Settle, applied: Applied) -> None:
         """``decision`` was applied to the broker; ``applied`` says how it went."""
+
+    def admitting(self, limit: int) -> None:
+        """At most ``limit`` deliveries go to the store at once from now on."""

@@ -41,9 +41,10 @@ from consumer.delivery.decide import (
 )
 from consumer.delivery.facts import Delivery, Facts, gather
 from consumer.delivery.handler import Context, Handler
-from consumer.delivery.lease import HEARTBEATS_PER_LEASE, Lease, run_leased
+from consumer.delivery.lease import HEARTBEATS_PER_LEASE, Lease, Renewal, run_leased
 from consumer.delivery.message import Incoming, MessageRules, Parsed, best_effort_key, parse
 from consumer.delivery.observe import Observer
+from consumer.delivery.pressure import Pressure
 from consumer.errors import BadMessage, LeaseLost
 from consumer.names import Reason
 from stores.base import Store
@@ -54,6 +55,10 @@ log = structlog.get_logger("semel.pipeline")
 
 WRITE_BACKOFF = (0.05, 1.0)  # first and longest pause between store-write retries
 _RELEASE_WAIT = 5.0  # seconds a cut-short delivery waits to release its claim
+# A store answer slower than this share of the lease lets fewer deliveries at
+# the store (see consumer.delivery.pressure): far below the third of the lease
+# after which a claim is given up, so the limit bites before leases are at risk.
+PRESSURE_TARGET = 0.1
 
 
 class Settler(Protocol):
@@ -78,6 +83,7 @@ class PipelineConfig:
     lock_ttl: float
     handler_timeout: float
     retry: RetryPolicy
+    in_flight: int = 256  # deliveries at the store at once while it answers quickly
     log_acks: bool = False  # an ACKed delivery's line is at debug: below that, not even built
 
 
@@ -98,6 +104,9 @@ class Pipeline:
         self._settler = settler
         self._config = config
         self._observer = observer or Observer()
+        self._pressure = Pressure(
+            config.in_flight, config.lock_ttl * PRESSURE_TARGET, self._observer.admitting
+        )
 
     async def handle(self, message: Incoming) -> Settle:
         """Process and settle ``message``; returns the decision applied."""
@@ -105,19 +114,31 @@ class Pipeline:
             delivery, parsed = self._read(message)
             if isinstance(parsed, BadMessage):
                 return await self._settle(delivery, DeadLetter(parsed.reason, str(parsed)))
-            step = await self._claim(delivery, parsed)
-            if not isinstance(step, Lease):
-                return await self._settle(delivery, step)
+            await self._pressure.admit()
             try:
-                decision = await self._run(delivery, parsed, step)
-                return await self._settle(delivery, decision, lease=step)
-            except Exception:
-                # A bug in semel, not the handler's failure: free the key now
-                # rather than when its lease runs out, and let the worker park
-                # the message. The release is fenced: a key settled meanwhile
-                # is left as it is.
-                await self._release(step)
-                raise
+                return await self._claimed(delivery, parsed)
+            finally:
+                self._pressure.leave()
+
+    async def _claimed(self, delivery: Delivery, parsed: Parsed) -> Settle:
+        step = await self._claim(delivery, parsed)
+        if not isinstance(step, Lease):
+            return await self._settle(delivery, step)
+        # Renewed from here until the outcome is stored, not only while the
+        # handler runs: a completion queued behind a slow store keeps its key.
+        renewal = Renewal(self._store, step)
+        try:
+            decision = await self._run(delivery, parsed, renewal)
+            return await self._settle(delivery, decision, lease=step)
+        except Exception:
+            # A bug in semel, not the handler's failure: free the key now
+            # rather than when its lease runs out, and let the worker park
+            # the message. The release is fenced: a key settled meanwhile
+            # is left as it is.
+            await self._release(step, renewal)
+            raise
+        finally:
+            await renewal.stop()
 
     def _read(self, message: Incoming) -> tuple[Delivery, Parsed | BadMessage]:
         """Parse the body and find the key; the facts of the delivery either way."""
@@ -149,7 +170,9 @@ class Pipeline:
         try:
             claim = await self._store.claim(parsed.key, parsed.fingerprint)
         except StoreError as exc:
+            self._pressure.answered(time.monotonic() - claimed_at)
             return decide_store_error(exc)
+        self._pressure.answered(time.monotonic() - claimed_at)
         delivery.fence = claim.fence
         self._observer.claimed(claim, delivery.facts.attempt)
         step = decide_after_claim(claim)
@@ -165,8 +188,10 @@ class Pipeline:
             return Requeue(f"claim answered after {waited:.2f}s of a {lease.ttl:g}s lease")
         return lease
 
-    async def _run(self, delivery: Delivery, parsed: Parsed, lease: Lease) -> Settle:
-        """Run the handler under ``lease``, then record what it did; the decision to settle."""
+    async def _run(self, delivery: Delivery, parsed: Parsed, renewal: Renewal) -> Settle:
+        """Run the handler under ``renewal``'s lease, then record what it did; the
+        decision to settle."""
+        lease = renewal.lease
         context = Context(
             key=parsed.key,
             body=parsed.body,
@@ -180,13 +205,12 @@ class Pipeline:
             result = await run_leased(
                 self._handler,
                 context,
-                self._store,
-                lease,
+                renewal,
                 self._config.handler_timeout,
                 self._observer.overrun,
             )
         except asyncio.CancelledError:
-            await self._cut_short(delivery, lease)
+            await self._cut_short(delivery, renewal)
             raise
         except LeaseLost:
             # Release nothing: the key belongs to the worker that took it over.
@@ -194,10 +218,11 @@ class Pipeline:
         except StoreError as exc:  # the lease could not be kept
             return decide_store_error(exc)
         except Exception as exc:  # the handler failed (or timed out): retry or dead-letter
-            return await self._record_failure(delivery, lease, exc)
+            return await self._record_failure(delivery, renewal, exc)
         return await self._record_success(lease, result)
 
     async def _record_success(self, lease: Lease, result: Any) -> Settle:
+        sent_at = time.monotonic()
         try:
             stored = await self._write(
                 lease,
@@ -212,12 +237,17 @@ class Pipeline:
             return DeadLetter(Reason.PERMANENT_ERROR, describe(exc))
         except StoreError as exc:  # refused for good, or a store not set up for semel
             return decide_store_error(exc)
+        self._pressure.answered(time.monotonic() - sent_at)
         return decide_after_success(stored)
 
-    async def _record_failure(self, delivery: Delivery, lease: Lease, exc: Exception) -> Settle:
+    async def _record_failure(self, delivery: Delivery, renewal: Renewal, exc: Exception) -> Settle:
         decision = decide_after_failure(exc, delivery.facts.attempt, self._config.retry)
         if isinstance(decision, DeadLetter):
-            return decision  # the key is marked failed once its dead letter is confirmed
+            # The key is marked failed once its dead letter is confirmed; still
+            # renewed until then.
+            return decision
+        lease = renewal.lease
+        await renewal.stop()  # a renewal landing after the release would hold the key
         try:
             released = await self._write(lease, lambda: self._store.release(lease.key, lease.fence))
         except StoreError as store_exc:
@@ -274,18 +304,20 @@ class Pipeline:
                     raise
             await backoff.wait()
 
-    async def _cut_short(self, delivery: Delivery, lease: Lease) -> None:
+    async def _cut_short(self, delivery: Delivery, renewal: Renewal) -> None:
         """Shutdown cut the handler short: free the key at once and hand the message back."""
-        await self._release(lease)
+        await self._release(renewal.lease, renewal)
         await self._settle(delivery, SHUTDOWN)
 
-    async def _release(self, lease: Lease) -> None:
+    async def _release(self, lease: Lease, renewal: Renewal | None = None) -> None:
         """Free the key at once, if the store answers soon; else its lease runs out.
 
         Never while a thread of this process still runs the handler: the key is
         left to its lease, which runs out after the process (and the thread)
         ended, so no other worker ever runs it at the same time.
         """
+        if renewal is not None:
+            await renewal.stop()  # a renewal landing after the release would hold the key
         if lease.busy:
             log.warning("handler thread still running; its claim expires by itself", key=lease.key)
             return

@@ -105,6 +105,12 @@ class Metrics:
             "their keys stay claimed until each thread ends.",
             registry=r,
         )
+        self.admission_limit = Gauge(
+            "semel_store_admission_limit",
+            "Deliveries allowed between claim and settlement at once: SEMEL_PREFETCH "
+            "while the store answers quickly, lowered while it answers slowly.",
+            registry=r,
+        )
         self.lease_takeovers = Counter(
             "semel_lease_takeovers_total",
             "Claims granted over an earlier claim of the key that was abandoned "
@@ -208,6 +214,9 @@ class MetricsObserver(Observer):
     def claimed(self, claim: Claim, attempt: int) -> None:
         if is_takeover(claim, attempt):
             self._metrics.lease_takeovers.inc()
+
+    def admitting(self, limit: int) -> None:
+        self._metrics.admission_limit.set(limit)
 
     def settled(self, delivery: Delivery, decision: Settle, applied: Applied) -> None:
         result = applied.result

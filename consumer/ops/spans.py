@@ -93,6 +93,9 @@ class SpanObserver(Observer):
     def overrun(self) -> AbstractContextManager[object]:
         return self._inner.overrun()
 
+    def admitting(self, limit: int) -> None:
+        self._inner.admitting(limit)
+
     def settled(self, delivery: Delivery, decision: Settle, applied: Applied) -> None:
         self._inner.settled(delivery, decision, applied)
         span = trace.get_current_span()

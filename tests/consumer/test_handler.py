@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from consumer.delivery.handler import Context, load_handler
-from consumer.delivery.lease import Lease, run_leased
+from consumer.delivery.handler import Context, Handler, load_handler
+from consumer.delivery.lease import Lease, Renewal, run_leased
 from consumer.errors import HandlerLoadError, HandlerTimeout, LeaseLost
 from stores.base import Store
 from stores.errors import StoreUnavailable
@@ -58,10 +58,19 @@ def test_default_handler_loads() -> None:
     assert load_handler("consumer.examples:order_paid") is order_paid
 
 
+async def leased(handler: Handler, ctx: Context, store: Store, lease: Lease, limit: float) -> Any:
+    """The handler run under ``lease`` the way the pipeline runs it."""
+    renewal = Renewal(store, lease)
+    try:
+        return await run_leased(handler, ctx, renewal, limit)
+    finally:
+        await renewal.stop()
+
+
 async def test_heartbeats_keep_a_long_handler_alone(make_store: StoreFactory) -> None:
     store = FaultyStore(await make_store(lock_ttl=TTL))
     lease = await claimed(store)
-    result = await run_leased(scripted, context(lease.fence, sleep=TTL * 3), store, lease, 10)
+    result = await leased(scripted, context(lease.fence, sleep=TTL * 3), store, lease, 10)
     assert result == {"key": "k", "fence": lease.fence}
     assert store.heartbeats >= 6
     assert (await store.claim("k", "f" * 64)).outcome.value == "in_progress"
@@ -88,7 +97,7 @@ async def test_taken_over_claim_cancels_the_handler(make_store: StoreFactory) ->
     started = time.monotonic()
     thief = asyncio.create_task(take_over())
     with pytest.raises(LeaseLost):
-        await run_leased(slow, context(lease.fence), store, lease, 10)
+        await leased(slow, context(lease.fence), store, lease, 10)
     await thief
     assert time.monotonic() - started < TTL * 4
     assert not finished.is_set()
@@ -102,7 +111,7 @@ async def test_unreachable_store_gives_up_when_the_lease_would_end(
     store.down = True
     started = time.monotonic()
     with pytest.raises(StoreUnavailable):
-        await run_leased(scripted, context(lease.fence, sleep=10), store, lease, 10)
+        await leased(scripted, context(lease.fence, sleep=10), store, lease, 10)
     assert TTL * 0.9 <= time.monotonic() - started < TTL * 2
 
 
@@ -110,7 +119,7 @@ async def test_timeout_cancels_and_counts_as_failure(make_store: StoreFactory) -
     store = await make_store(lock_ttl=TTL)
     lease = await claimed(store)
     with pytest.raises(HandlerTimeout, match=r"longer than 0\.3s"):
-        await run_leased(scripted, context(lease.fence, sleep=5), store, lease, 0.3)
+        await leased(scripted, context(lease.fence, sleep=5), store, lease, 0.3)
 
 
 async def test_plain_handlers_run_off_the_event_loop(make_store: StoreFactory) -> None:
@@ -133,24 +142,22 @@ async def test_plain_handlers_run_off_the_event_loop(make_store: StoreFactory) -
             ticks += 1
 
     tick = asyncio.create_task(ticker())
-    assert await run_leased(plain, context(lease.fence), store, lease, 5) == "done"
+    assert await leased(plain, context(lease.fence), store, lease, 5) == "done"
     tick.cancel()
     assert seen == [seen[0]]
     assert seen[0] != loop_thread
     assert ticks >= 5
-    assert await run_leased(blocking, context(lease.fence, sleep=0), store, lease, 5) == {
-        "slept": 0
-    }
+    assert await leased(blocking, context(lease.fence, sleep=0), store, lease, 5) == {"slept": 0}
 
 
 async def test_handler_exceptions_pass_through(make_store: StoreFactory) -> None:
     store = await make_store(lock_ttl=TTL)
     lease = await claimed(store)
     with pytest.raises(RuntimeError, match="transient failure on attempt 1"):
-        await run_leased(scripted, context(lease.fence, fail_until=1), store, lease, 5)
+        await leased(scripted, context(lease.fence, fail_until=1), store, lease, 5)
 
     def plain_failure(ctx: Context) -> None:
         raise ValueError("from a thread")
 
     with pytest.raises(ValueError, match="from a thread"):
-        await run_leased(plain_failure, context(lease.fence), store, lease, 5)
+        await leased(plain_failure, context(lease.fence), store, lease, 5)

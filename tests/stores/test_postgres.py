@@ -113,3 +113,30 @@ async def test_unreachable_after_open_is_unavailable(
 def test_pool_size_follows_prefetch_within_bounds() -> None:
     assert [pool_size(n) for n in (1, 2, 5, 8, 256)] == [2, 2, 5, 8, 8]
     assert pool_size(256, (2, 32)) == 32
+
+
+async def test_connections_carry_deadlines_tied_to_the_lease(make_store: StoreFactory) -> None:
+    # A third of a 6 s lease: the server ends a statement running longer, and the
+    # kernel drops a connection whose bytes go unacknowledged that long.
+    store = cast(PostgresStore, await make_store(lock_ttl=6.0))
+    async with store._pool.connection() as conn:
+        cur = await conn.execute("SHOW statement_timeout")
+        assert await cur.fetchone() == ("2s",)
+        params = conn.info.get_parameters()
+    assert params["tcp_user_timeout"] == "2000"
+    assert params["keepalives"] == "1"
+    assert params["keepalives_idle"] == "2"
+
+
+async def test_a_dsn_that_names_its_own_timeouts_keeps_them(
+    make_settings: SettingsFactory, postgres_server: str
+) -> None:
+    dsn = f"{postgres_server}?options=-c%20statement_timeout%3D7000&tcp_user_timeout=9000"
+    store = cast(PostgresStore, await open_store(make_settings(postgres_dsn=dsn, lock_ttl=6.0)))
+    try:
+        async with store._pool.connection() as conn:
+            cur = await conn.execute("SHOW statement_timeout")
+            assert await cur.fetchone() == ("7s",)
+            assert conn.info.get_parameters()["tcp_user_timeout"] == "9000"
+    finally:
+        await store.close()
