@@ -124,7 +124,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
         parser.error("need --workers >= 2, --messages >= 25, --kills >= 0, --rate > 0")
     if args.stall <= 2 * LEASE or args.delay < 0:
         parser.error(f"need --stall > {2 * LEASE:g} (two leases), --delay >= 0")
+    if not runs(args):
+        parser.error(f"--faults {','.join(args.faults)} fits no store of --store {args.store}")
     return args
+
+
+def runs(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(store, fault) of every run asked for, in order: a kind that does not fit is skipped."""
+    stores = STORES if args.store == "all" else (args.store,)
+    return [(store, fault) for store in stores for fault in args.faults if fits(fault, store)]
 
 
 def _faults(text: str) -> tuple[str, ...]:
@@ -138,29 +146,27 @@ def _faults(text: str) -> tuple[str, ...]:
 
 
 async def run_all(args: argparse.Namespace) -> list[Report]:
-    stores = STORES if args.store == "all" else (args.store,)
     node = await RabbitNode.start()
     reports = []
     try:
-        for store in stores:
-            for fault in (f for f in args.faults if fits(f, store)):
-                classic = fault == CLASSIC
-                keep = args.keep / fault if args.keep is not None and not classic else args.keep
-                config = ChaosConfig(
-                    store=store,
-                    fault=fault,
-                    messages=args.messages if classic else args.messages * 2 // 5,
-                    workers=args.workers,
-                    kills=args.kills if classic else 0,
-                    seed=args.seed,
-                    rate=args.rate,
-                    outage=args.outage,
-                    stall=args.stall,
-                    slow_delay=args.delay / 1000,
-                    drain_deadline=180 if classic else 120,
-                    keep=keep,
-                )
-                reports.append(await run_chaos(config, node))
+        for store, fault in runs(args):
+            classic = fault == CLASSIC
+            keep = args.keep / fault if args.keep is not None and not classic else args.keep
+            config = ChaosConfig(
+                store=store,
+                fault=fault,
+                messages=args.messages if classic else args.messages * 2 // 5,
+                workers=args.workers,
+                kills=args.kills if classic else 0,
+                seed=args.seed,
+                rate=args.rate,
+                outage=args.outage,
+                stall=args.stall,
+                slow_delay=args.delay / 1000,
+                drain_deadline=180 if classic else 120,
+                keep=keep,
+            )
+            reports.append(await run_chaos(config, node))
     finally:
         node.stop()
     return reports
