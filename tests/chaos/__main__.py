@@ -1,10 +1,12 @@
-"""The chaos run: effectively-once under worker kills, a broker restart and a store outage.
+"""The chaos run: effectively-once under worker kills, a broker restart and store faults.
 
 Usage::
 
     python -m tests.chaos --store {sqlite,postgres,redis,dynamodb,postgres-tx,all}
+                          [--faults {classic,full,blackhole,slow,all}[,...]]
                           [--messages N] [--workers W] [--kills K] [--seed S]
-                          [--rate R] [--outage SECONDS] [--keep DIR]
+                          [--rate R] [--outage SECONDS] [--stall SECONDS]
+                          [--delay MS] [--keep DIR]
 
 For each store it starts a private RabbitMQ node and a private store server on
 free loopback ports (the shared services are never touched), runs W
@@ -20,20 +22,54 @@ memory), SQLite has no server and skips that fault. ``postgres-tx`` is the
 PostgreSQL store in transactional mode (``SEMEL_TRANSACTIONAL``), whose
 handler writes its effect in the key's own transaction. Then it waits until
 every key is completed in the store or in ``Q.dlq`` and prints one table.
+That is the ``classic`` run.
+
+``--faults`` (default ``all``) picks the runs made for each store; each kind
+other than ``classic`` is a run of its own with ``--messages`` x 2/5
+messages, the same duplicates, no kill, no broker restart and no outage, so
+what it leaves is the fault's alone (see ``tests.chaos.faults``):
+
+- ``full`` (Redis): at a quarter of the flow ``maxmemory`` is set just above
+  ``used_memory`` with ``noeviction`` for ``--outage`` seconds: writes get
+  ``OOM``, reads answer; then the old values come back.
+- ``blackhole`` (PostgreSQL, Redis, DynamoDB, postgres-tx): worker 0 reaches
+  the store through a TCP proxy of its own, the other workers directly; at a
+  quarter of the flow, while worker 0 runs handlers, the proxy stops
+  forwarding for ``--stall`` seconds (default 6, more than two leases) without
+  closing anything: packets dropped, no reset. Then it forwards again.
+- ``slow`` (the same stores): every worker reaches the store through a proxy
+  that holds each chunk ``--delay`` ms (default 50) in each direction, for the
+  whole run, with a prefetch of 256, the 2.5 s lease, and messages published
+  at 4 x ``--rate`` so the prefetch windows fill up.
+
+SQLite has no server and no link to fault: only ``classic`` runs for it. A
+kind that does not fit a store is skipped for it. The default
+``--store all`` makes 14 runs: 5 classic, 1 full, 4 blackhole, 4 slow.
 
 Reading the table: *lost* counts keys neither completed in the store
-(``get(key)``) nor in the private broker's ``Q.dlq``. The ledger
+(``get(key)``) nor in the private broker's ``Q.dlq``; *parked* counts keys
+whose handler was meant to succeed, not completed, found only in ``Q.dlq``
+(claimed too many times, say): not lost, but their work was never done. The ledger
 (``tests.chaos.ledger``) records every execution and stamps its side effect;
 a key with two stamped effects is a *duplicate effect*. One is *explained by
 a kill* when its worker was SIGKILLed after the effect and never settled the
-delivery; *lease expired in outage* when its worker handed the delivery back
-because the store was unreachable during the outage (the lease then ran out
-and a redelivery ran the handler again); anything else is *unexplained*.
+delivery; *lease expired in outage* (*in fault* in the faults table) when
+its worker handed the delivery back because the store was unreachable (or
+full) during the outage -- for a blackhole, only if it is the worker cut
+off -- and the lease then ran out and a redelivery ran the handler again;
+anything else is *unexplained*, and so is any duplicate effect whose
+execution ran at the same time as another execution of its key, whatever
+the fault. *Overlaps* counts every such pair of executions, with an effect
+or not (a handler blocked in a store call while another worker reran its
+key, say); it does not fail a run by itself. The classic runs print one
+table, a column per store; the other kinds a second table, a row per store
+and fault.
 
-Exit status: 0 when every store ends with lost = 0 and no unexplained
-duplicate effect (in transactional mode: no duplicate effect at all); 1
-otherwise (the evidence is printed under the table); 2 on bad usage.
-``--keep DIR`` keeps each store's ledger and worker logs.
+Exit status: 0 when every run ends with lost = 0, parked = 0 and no
+unexplained duplicate effect (in transactional mode: no duplicate effect at
+all); 1 otherwise (the evidence is printed under the tables); 2 on bad
+usage. ``--keep DIR`` keeps each store's ledger and worker logs (those of
+the other fault kinds under ``DIR/<fault>/``).
 """
 
 from __future__ import annotations
@@ -47,12 +83,14 @@ from pathlib import Path
 
 from rich.console import Console
 
+from tests.chaos.faults import CLASSIC, FAULTS, fits
 from tests.chaos.rabbit import RabbitNode
 from tests.chaos.run import ChaosConfig, Report, run_chaos
-from tests.chaos.table import evidence, render
+from tests.chaos.table import evidence, tables
 from tests.chaos.transactional import TRANSACTIONAL
 
 STORES = ("sqlite", "postgres", "redis", "dynamodb", TRANSACTIONAL)
+LEASE = ChaosConfig(store="sqlite").lock_ttl
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -65,29 +103,68 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--kills", type=int, default=12, help="SIGKILLs mid-handler (default 12)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rate", type=float, default=100.0, help="messages per second")
-    parser.add_argument("--outage", type=float, default=6.0, help="seconds the store is away")
+    parser.add_argument(
+        "--faults",
+        type=_faults,
+        default=FAULTS,
+        help=f"comma-separated, of {', '.join(FAULTS)} or all (default all)",
+    )
+    parser.add_argument(
+        "--outage", type=float, default=6.0, help="seconds the store is away or full (default 6)"
+    )
+    parser.add_argument(
+        "--stall", type=float, default=6.0, help="seconds a blackholed link stalls (default 6)"
+    )
+    parser.add_argument(
+        "--delay", type=float, default=50.0, help="ms a slow link holds each chunk (default 50)"
+    )
     parser.add_argument("--keep", type=Path, help="keep ledgers and worker logs here")
     args = parser.parse_args(argv)
-    if args.workers < 2 or args.messages < 10 or args.kills < 0 or args.rate <= 0:
-        parser.error("need --workers >= 2, --messages >= 10, --kills >= 0, --rate > 0")
+    if args.workers < 2 or args.messages < 25 or args.kills < 0 or args.rate <= 0:
+        parser.error("need --workers >= 2, --messages >= 25, --kills >= 0, --rate > 0")
+    if args.stall <= 2 * LEASE or args.delay < 0:
+        parser.error(f"need --stall > {2 * LEASE:g} (two leases), --delay >= 0")
+    if not runs(args):
+        parser.error(f"--faults {','.join(args.faults)} fits no store of --store {args.store}")
     return args
 
 
-async def run_all(args: argparse.Namespace) -> list[Report]:
+def runs(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(store, fault) of every run asked for, in order: a kind that does not fit is skipped."""
     stores = STORES if args.store == "all" else (args.store,)
+    return [(store, fault) for store in stores for fault in args.faults if fits(fault, store)]
+
+
+def _faults(text: str) -> tuple[str, ...]:
+    chosen = {name.strip() for name in text.split(",")}
+    if "all" in chosen:
+        return FAULTS
+    unknown = chosen - set(FAULTS)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown fault kind {', '.join(sorted(unknown))}")
+    return tuple(fault for fault in FAULTS if fault in chosen)
+
+
+async def run_all(args: argparse.Namespace) -> list[Report]:
     node = await RabbitNode.start()
     reports = []
     try:
-        for store in stores:
+        for store, fault in runs(args):
+            classic = fault == CLASSIC
+            keep = args.keep / fault if args.keep is not None and not classic else args.keep
             config = ChaosConfig(
                 store=store,
-                messages=args.messages,
+                fault=fault,
+                messages=args.messages if classic else args.messages * 2 // 5,
                 workers=args.workers,
-                kills=args.kills,
+                kills=args.kills if classic else 0,
                 seed=args.seed,
                 rate=args.rate,
                 outage=args.outage,
-                keep=args.keep,
+                stall=args.stall,
+                slow_delay=args.delay / 1000,
+                drain_deadline=180 if classic else 120,
+                keep=keep,
             )
             reports.append(await run_chaos(config, node))
     finally:
@@ -104,9 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("aiormq", "aio_pika", "psycopg.pool", "botocore"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     reports = asyncio.run(run_all(args))
-    # Wide enough for four stores side by side when the output is a file or a pipe.
-    console = Console(width=None if sys.stdout.isatty() else 150)
-    console.print(render(reports))
+    # Wide enough for the stores side by side, and the faults table's columns,
+    # when the output is a file or a pipe.
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    for table in tables(reports):
+        console.print(table)
     for line in (line for report in reports for line in evidence(report)):
         console.print(line, markup=False)
     return 0 if all(report.ok for report in reports) else 1

@@ -1,11 +1,14 @@
 """One chaos run against one store: servers, workers, traffic, faults, drain, verdict.
 
-The timeline is laid out over the expected publishing time ``flow``: worker
-kills spread over 10-85 % of it, the broker restart at 30 %, the store outage
-at 60 % once handlers run again, so every fault lands while messages flow.
-After the producer is done the run waits (up to the drain deadline) until
-every key is completed in the store or dead-lettered and the work, retry and
-conflict queues are empty.
+The timeline is laid out over the expected publishing time ``flow``. In a
+``classic`` run worker kills spread over 10-85 % of it, the broker restart
+lands at 30 %, the store outage at 60 % once handlers run again, so every
+fault lands while messages flow. A run of one of the other kinds
+(:mod:`tests.chaos.faults`) injects only that fault: a Redis filling up or
+one worker's blackholed link at ``fault_at`` of the flow, once handlers run,
+or a slow link for the whole run. After the producer is done the run waits
+(up to the drain deadline) until every key is completed in the store or
+dead-lettered and the work, retry and conflict queues are empty.
 """
 
 from __future__ import annotations
@@ -29,11 +32,21 @@ from consumer.container import topology_of
 from settings import Settings
 from stores.base import Status, Store
 from tests.chaos.drain import Drain, statuses
+from tests.chaos.faults import (
+    BLACKHOLE,
+    CLASSIC,
+    FULL,
+    SLOW,
+    SLOW_BURST,
+    STALLED_SLOT,
+    fits,
+    proxy_to,
+)
 from tests.chaos.ledger import LEDGER_ENV, read_runs
 from tests.chaos.processes import private_dir
 from tests.chaos.producer import Order, Publisher, Sent, plan, produce
 from tests.chaos.rabbit import RabbitNode
-from tests.chaos.servers import StoreServer, start_store
+from tests.chaos.servers import PrivateRedis, StoreServer, start_store
 from tests.chaos.transactional import (
     TRANSACTIONAL,
     committed_effects,
@@ -41,10 +54,19 @@ from tests.chaos.transactional import (
     mode_settings,
     server_kind,
 )
-from tests.chaos.verdict import Verdict, duplicates_of, held_through, judge, read_settled
+from tests.chaos.verdict import (
+    Verdict,
+    Window,
+    duplicates_of,
+    held_through,
+    judge,
+    overlapping,
+    read_settled,
+)
 from tests.chaos.workers import Pool
 from tests.conftest import open_store, settings_env
 from tests.consumer.harness import Broker
+from tests.proxy import TcpProxy
 from tests.servers import aws_test_credentials
 
 log = logging.getLogger("semel.chaos")
@@ -53,6 +75,7 @@ log = logging.getLogger("semel.chaos")
 @dataclass(frozen=True, slots=True)
 class ChaosConfig:
     store: str
+    fault: str = CLASSIC  # which faults: see tests.chaos.faults
     messages: int = 3000
     workers: int = 2
     kills: int = 12
@@ -63,6 +86,10 @@ class ChaosConfig:
     broker_down: float = 3.0  # seconds between stop_app and start_app
     outage: float = 6.0  # seconds the store is away; longer than the lease on purpose
     outage_when_running: int = 8  # handlers in flight when the store goes away
+    fault_at: float = 0.25  # share of the flow before a full store or a blackhole
+    stall: float = 6.0  # seconds a blackholed link holds everything; more than two leases
+    slow_delay: float = 0.05  # seconds a slow link holds each chunk, each way
+    slow_prefetch: int = 256
     lock_ttl: float = 2.5
     conflict_delay: float = 0.75
     retry_delays: tuple[float, ...] = (0.25, 0.75)
@@ -77,6 +104,8 @@ class Report:
     store: str
     sent: Sent
     verdict: Verdict
+    fault: str = CLASSIC
+    fault_detail: str = ""  # what a fault other than classic did
     kills: int = 0
     kills_after_effect: int = 0
     restarts: int = 0
@@ -88,6 +117,8 @@ class Report:
     effects: int = 0
     attempted: int = 0  # effects begun; in transactional mode some were rolled back
     held: int = 0  # deliveries whose completion waited for the store to come back
+    overlaps: int = 0  # pairs of executions of one key that ran at the same time
+    slowest: float = 0.0  # seconds from a delivery's arrival to its settle, at most
     dlq_messages: int = 0
     left_in_queues: int = 0
     drained: bool = False
@@ -100,8 +131,10 @@ class Report:
 
 
 def chaos_settings(
-    config: ChaosConfig, node: RabbitNode, server: StoreServer, run: str
+    config: ChaosConfig, node: RabbitNode, server: StoreServer, run: str, port: int | None = None
 ) -> Settings:
+    """The run's settings; ``port``: reach the store there (a proxy) rather than directly."""
+    prefetch = config.slow_prefetch if config.fault == SLOW else config.prefetch
     overrides: dict[str, Any] = {
         "amqp_url": node.url,
         "queue": f"chaos.{run}.work",
@@ -117,12 +150,12 @@ def chaos_settings(
         "handler_timeout": 30,
         "shutdown_grace": 5,
         "broker_give_up": 120,
-        "prefetch": config.prefetch,
+        "prefetch": prefetch,
         "metrics_port": 0,
         "log_format": "json",
         "log_level": "debug",  # the verdict reads every settled line
     }
-    return Settings(**(overrides | server.settings() | mode_settings(config.store)))
+    return Settings(**(overrides | server.settings(port) | mode_settings(config.store)))
 
 
 def done_checker(store: Store) -> Callable[[str], Awaitable[bool]]:
@@ -138,8 +171,16 @@ class Timeline:
 
     def __init__(self, config: ChaosConfig, flow: float, rng: random.Random) -> None:
         self.config, self.flow, self.rng = config, flow, rng
-        self.outages: list[tuple[float, float]] = []
+        # Wall-clock windows the store was away, and the worker slot cut off (None: all).
+        self.outages: list[tuple[float, float, int | None]] = []
+        self.detail = ""
         self.started = time.monotonic()
+
+    def windows(self, pool: Pool) -> list[Window]:
+        return [
+            Window(start, end, None if slot is None else pool.pids_of(slot))
+            for start, end, slot in self.outages
+        ]
 
     async def _at(self, share: float) -> None:
         await asyncio.sleep(max(0.0, self.started + share * self.flow - time.monotonic()))
@@ -170,8 +211,42 @@ class Timeline:
             log.info("store: outage of %gs begins", self.config.outage)
             began = time.time()
             await server.outage(self.config.outage)
-            self.outages.append((began, time.time()))
+            self.outages.append((began, time.time(), None))
             log.info("store: back")
+
+    async def fill_up(self, server: StoreServer, pool: Pool) -> None:
+        """A Redis that fills up: writes refused with ``OOM`` for ``outage`` seconds."""
+        assert isinstance(server, PrivateRedis)
+        await self._at(self.config.fault_at)
+        running = self.config.outage_when_running
+        if not await pool.handlers_running(running, 15):
+            log.warning("store fills up with fewer than %d handlers running", running)
+        log.info("store: full (maxmemory at used_memory, noeviction) for %gs", self.config.outage)
+        began = time.time()
+        refused = await server.fill_up(self.config.outage)
+        self.outages.append((began, time.time(), None))
+        self.detail = f"writes refused for {self.config.outage:g}s: {refused} OOM replies"
+        log.info("store: room again after %d OOM replies", refused)
+
+    async def blackhole(self, proxy: TcpProxy, pool: Pool) -> None:
+        """Worker ``STALLED_SLOT``'s link to the store stalls for ``stall`` seconds."""
+        await self._at(self.config.fault_at)
+        running = max(1, self.config.outage_when_running // 4)
+        if not await pool.handlers_running(running, 15, slots=[STALLED_SLOT]):
+            log.warning("the link stalls with fewer than %d handlers running behind it", running)
+        log.info("store: worker %d's link stalls for %gs", STALLED_SLOT, self.config.stall)
+        began = time.time()
+        proxy.stall()
+        try:
+            await asyncio.sleep(self.config.stall)
+        finally:
+            proxy.resume()
+        self.outages.append((began, time.time(), STALLED_SLOT))
+        self.detail = (
+            f"worker {STALLED_SLOT}'s link stalled {self.config.stall:g}s "
+            f"(lease {self.config.lock_ttl:g}s), others direct"
+        )
+        log.info("store: worker %d's link flows again", STALLED_SLOT)
 
 
 async def wait_for_consumers(observer: Broker, queue: str, count: int, deadline: float) -> None:
@@ -197,7 +272,8 @@ async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Repo
         stack.push_async_callback(server.stop)
         workdir = private_dir("semel-chaos-run-")
         stack.callback(shutil.rmtree, workdir, True)
-        settings = chaos_settings(config, node, server, run)
+        settings = chaos_settings(config, node, server, run)  # direct, for the run itself
+        workers, own_env, stalled = await _links(config, settings, node, server, stack)
         store = await open_store(settings)
         stack.push_async_callback(store.close)
         await store.migrate()
@@ -208,8 +284,8 @@ async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Repo
         await connection.close()
 
         ledger = workdir / "ledger.db"
-        env = settings_env(settings) | {LEDGER_ENV: str(ledger), "PYTHONUNBUFFERED": "1"}
-        pool = Pool(config.workers, env, workdir / "logs", ledger)
+        env = settings_env(workers) | {LEDGER_ENV: str(ledger), "PYTHONUNBUFFERED": "1"}
+        pool = Pool(config.workers, env, workdir / "logs", ledger, own_env)
         stack.push_async_callback(pool.stop)
         if config.keep is not None:
             stack.push_async_callback(_keep, workdir, config.keep / config.store)
@@ -219,19 +295,35 @@ async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Repo
         await observer.close()
 
         orders = plan(config.messages, config.duplicates, run, rng)
-        flow = sum(1 + order.copies for order in orders) / config.rate
+        # A slow store meets a burst: the workers' prefetch windows fill up.
+        rate = config.rate * (SLOW_BURST if config.fault == SLOW else 1)
+        flow = sum(1 + order.copies for order in orders) / rate
         timeline = Timeline(config, flow, rng)
-        log.info("%s: %d workers consuming; publishing for about %.0fs", config.store,
-                 config.workers, flow)  # fmt: skip
+        log.info("%s, %s: %d workers consuming; publishing for about %.0fs", config.store,
+                 config.fault, config.workers, flow)  # fmt: skip
         supervisor = asyncio.create_task(pool.supervise())
         publisher = Publisher(node.url, settings.exchange)
         stack.push_async_callback(publisher.close)
         try:
-            sent, *_ = await asyncio.gather(
-                produce(publisher, orders, config.rate, done_checker(store), rng),
-                timeline.kills(pool),
-                timeline.broker_and_store(node, server, pool),
+            faults: list[Awaitable[None]] = []
+            if config.fault == CLASSIC:
+                faults += [timeline.kills(pool), timeline.broker_and_store(node, server, pool)]
+            elif config.fault == FULL:
+                faults.append(timeline.fill_up(server, pool))
+            elif config.fault == BLACKHOLE:
+                assert stalled is not None
+                faults.append(timeline.blackhole(stalled, pool))
+            else:
+                timeline.detail = (
+                    f"every worker's link {config.slow_delay * 1000:g} ms each way per chunk, "
+                    f"prefetch {config.slow_prefetch}, lease {config.lock_ttl:g}s, "
+                    f"published at {rate:g}/s"
+                )
+            producing = asyncio.ensure_future(
+                produce(publisher, orders, rate, done_checker(store), rng)
             )
+            await asyncio.gather(producing, *faults)
+            sent = producing.result()
             log.info("producer done (%d confirmed); draining", sent.total)
             observer = await Broker.connect(node.url)
             stack.push_async_callback(observer.close)
@@ -251,6 +343,31 @@ async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Repo
     raise AssertionError("unreachable")  # mypy: AsyncExitStack may swallow exceptions
 
 
+async def _links(
+    config: ChaosConfig,
+    direct: Settings,
+    node: RabbitNode,
+    server: StoreServer,
+    stack: contextlib.AsyncExitStack,
+) -> tuple[Settings, dict[int, dict[str, str]], TcpProxy | None]:
+    """How the workers reach the store: their settings, one slot's own, the link to stall."""
+    run = direct.key_prefix
+    if config.fault == CLASSIC:
+        return direct, {}, None
+    if not fits(config.fault, config.store) or server.client_port is None:
+        raise ValueError(f"the {config.fault} fault does not fit the {config.store} store")
+    if config.fault == SLOW:
+        slow = await proxy_to(server.client_port, stack, config.slow_delay)
+        return chaos_settings(config, node, server, run, slow.port), {}, None
+    if config.fault == BLACKHOLE:
+        if config.stall <= 2 * config.lock_ttl:
+            raise ValueError(f"a stall of {config.stall:g}s is not longer than two leases")
+        stalled = await proxy_to(server.client_port, stack)
+        own = chaos_settings(config, node, server, run, stalled.port).as_env()
+        return direct, {STALLED_SLOT: own}, stalled
+    return direct, {}, None
+
+
 async def _report(
     config: ChaosConfig,
     settings: Settings,
@@ -267,13 +384,17 @@ async def _report(
     if transactional:
         runs = await committed_effects(settings.postgres_dsn, runs)
     settled = read_settled(pool.log_files)
-    duplicates = duplicates_of(runs, settled, pool.kills, timeline.outages)
-    verdict = judge([o.key for o in orders], drain.completed, drain.dead, duplicates)
+    windows = timeline.windows(pool)
+    duplicates = duplicates_of(runs, settled, pool.kills, windows)
+    failing = {o.key for o in orders if o.body.get("fail") in ("always", "permanent")}
+    verdict = judge([o.key for o in orders], drain.completed, drain.dead, duplicates, failing)
     verdict.strict = transactional
     return Report(
         store=config.store,
         sent=sent,
         verdict=verdict,
+        fault=config.fault,
+        fault_detail=timeline.detail,
         kills=len(pool.kills),
         kills_after_effect=sum(1 for k in pool.kills if k.after_effect),
         restarts=pool.restarts,
@@ -283,7 +404,9 @@ async def _report(
         executions=len(runs),
         effects=sum(1 for r in runs if r.effect is not None),
         attempted=attempted,
-        held=held_through(settled, timeline.outages),
+        held=held_through(settled, windows),
+        overlaps=len(overlapping(runs)),
+        slowest=max((s.duration for s in settled), default=0.0),
         dlq_messages=drain.dlq_messages,
     )
 

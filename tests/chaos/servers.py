@@ -4,6 +4,10 @@ The shared system services stay untouched: every store fault of a chaos run
 hits a server that the run started itself, on a free loopback port, in a
 temporary directory, and stops again at the end. As root, PostgreSQL runs as
 its own service user, as its package expects.
+
+``settings(port)`` points a client at another port than the server's own
+(:attr:`StoreServer.client_port`): a :class:`~tests.proxy.TcpProxy` in front
+of the server, which a fault can stall or slow down.
 """
 
 from __future__ import annotations
@@ -13,9 +17,14 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.chaos.processes import Child, as_user, on_exit, private_dir, run
+from tests.proxy import TcpProxy
 from tests.servers import ROOT, free_port
+
+# Bytes of room a filled-up Redis keeps above what it used when the limit was set.
+FULL_HEADROOM = 16 * 1024
 
 
 class StoreServer:
@@ -27,7 +36,12 @@ class StoreServer:
         self.home = home
         self.outages: list[tuple[float, float]] = []  # wall-clock windows the store was away
 
-    def settings(self) -> dict[str, object]:
+    @property
+    def client_port(self) -> int | None:
+        """The loopback port clients connect to; None: no server, no port."""
+        return None
+
+    def settings(self, port: int | None = None) -> dict[str, object]:
         return {"store": "sqlite", "sqlite_path": str(self.home / "semel.db")}
 
     @property
@@ -53,8 +67,12 @@ class PrivateRedis(StoreServer):
         argv += ["--appendonly", "yes", "--appendfsync", "always", "--dir", str(home)]
         self.child = Child(argv, self.port, home / "redis.log")
 
-    def settings(self) -> dict[str, object]:
-        return {"store": "redis", "redis_url": f"redis://127.0.0.1:{self.port}/0"}
+    @property
+    def client_port(self) -> int:
+        return self.port
+
+    def settings(self, port: int | None = None) -> dict[str, object]:
+        return {"store": "redis", "redis_url": f"redis://127.0.0.1:{port or self.port}/0"}
 
     @property
     def can_fail(self) -> bool:
@@ -65,9 +83,40 @@ class PrivateRedis(StoreServer):
         await asyncio.sleep(seconds)
         await asyncio.to_thread(self.child.start)
 
-    async def stop(self) -> None:
-        self.child.kill()
-        await super().stop()
+    async def fill_up(self, seconds: float, headroom: int = FULL_HEADROOM) -> int:
+        """Refuse writes with ``OOM`` for ``seconds``: ``maxmemory`` just above what is used.
+
+        ``noeviction`` keeps Redis from making room by dropping keys, so every
+        write that would grow the data set gets ``OOM command not allowed``
+        once the few bytes of ``headroom`` are used up (reads still answer).
+        The old policy and limit are put back afterwards. Returns how many
+        commands the server refused with ``OOM`` meanwhile.
+        """
+        import redis.asyncio as aioredis  # the redis extra; only this store needs it
+
+        admin = aioredis.Redis(
+            host="127.0.0.1", port=self.port, socket_timeout=10, decode_responses=True
+        )
+        try:
+            old = {str(k): str(v) for k, v in (await admin.config_get("maxmemory*")).items()}
+            refused = await _oom_errors(admin)
+            used = int((await admin.info("memory"))["used_memory"])
+            await admin.config_set("maxmemory-policy", "noeviction")
+            await admin.config_set("maxmemory", str(used + headroom))
+            try:
+                await asyncio.sleep(seconds)
+            finally:
+                await admin.config_set("maxmemory", old["maxmemory"])
+                await admin.config_set("maxmemory-policy", old["maxmemory-policy"])
+            return await _oom_errors(admin) - refused
+        finally:
+            await admin.aclose()
+
+
+async def _oom_errors(admin: Any) -> int:
+    """Replies the server gave with the ``OOM`` error code so far (``INFO errorstats``)."""
+    stats = await admin.info("errorstats")
+    return int(stats.get("errorstat_OOM", {}).get("count", 0))
 
 
 class PrivatePostgres(StoreServer):
@@ -102,8 +151,12 @@ class PrivatePostgres(StoreServer):
         argv = [self.pg_ctl, "-D", str(self.data), "-m", "immediate", "-w", "stop"]
         await run(as_user("postgres", argv), 60)
 
-    def settings(self) -> dict[str, object]:
-        dsn = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+    @property
+    def client_port(self) -> int:
+        return self.port
+
+    def settings(self, port: int | None = None) -> dict[str, object]:
+        dsn = f"postgresql://postgres@127.0.0.1:{port or self.port}/postgres"
         return {"store": "postgres", "postgres_dsn": dsn}
 
     @property
@@ -131,8 +184,6 @@ class PrivateDynamo(StoreServer):
     outage_kind = "port cut by a TCP proxy (moto is in-memory)"
 
     def __init__(self, home: Path) -> None:
-        from tests.consumer.harness import TcpProxy  # pytest-free import path stays light
-
         super().__init__(home)
         self.port = free_port()
         # One request at a time: moto's threaded server does not apply a
@@ -145,8 +196,12 @@ class PrivateDynamo(StoreServer):
         await asyncio.to_thread(self.child.start)
         await self.proxy.start()
 
-    def settings(self) -> dict[str, object]:
-        endpoint = f"http://127.0.0.1:{self.proxy.port}"
+    @property
+    def client_port(self) -> int:
+        return self.proxy.port  # the outage cuts this proxy: clients are behind it
+
+    def settings(self, port: int | None = None) -> dict[str, object]:
+        endpoint = f"http://127.0.0.1:{port or self.proxy.port}"
         return {"store": "dynamodb", "dynamodb_endpoint_url": endpoint}
 
     @property

@@ -1,4 +1,10 @@
-"""The chaos run's result table: one row per figure, one column per store."""
+"""The chaos run's result tables.
+
+Classic runs (kills, broker restart, outage): one row per figure, one column
+per store. Runs of the other fault kinds: one row per store and fault, its
+figures in columns, so each fault's lost keys and duplicate effects (with no
+crash in the run) read across one line.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from collections.abc import Callable
 
 from rich.table import Table
 
+from tests.chaos.faults import CLASSIC
 from tests.chaos.run import Report
 from tests.chaos.verdict import KILLED, OUTAGE, UNEXPLAINED
 
@@ -69,6 +76,8 @@ def _verdict(report: Report) -> str:
         why.append("drain deadline missed")
     if report.verdict.lost:
         why.append("keys lost")
+    if report.verdict.parked:
+        why.append("keys parked in Q.dlq")
     if report.verdict.count(UNEXPLAINED):
         why.append("unexplained duplicates")
     elif report.verdict.strict and report.verdict.duplicates:
@@ -88,10 +97,12 @@ ROWS: list[tuple[str, Callable[[Report], object]]] = [
     ("handler executions / effects", _effects),
     ("keys completed (store)", lambda r: r.verdict.completed),
     ("keys in Q.dlq (by reason)", _dead_lettered),
+    ("  of them parked (meant to complete)", lambda r: len(r.verdict.parked)),
     ("lost", lambda r: len(r.verdict.lost)),
     ("duplicate effects: explained by a kill", lambda r: r.verdict.count(KILLED)),
     ("duplicate effects: lease expired in outage", _outage_duplicates),
     ("duplicate effects: unexplained", lambda r: r.verdict.count(UNEXPLAINED)),
+    ("executions of one key at the same time", lambda r: r.overlaps),
     ("left in work/retry queues", lambda r: r.left_in_queues),
     ("wall time", lambda r: f"{r.wall:.1f} s"),
     ("verdict", _verdict),
@@ -108,13 +119,67 @@ def render(reports: list[Report]) -> Table:
     return table
 
 
+FAULT_COLUMNS: list[tuple[str, Callable[[Report], object]]] = [
+    ("store", lambda r: r.store),
+    ("fault", lambda r: r.fault),
+    ("sent", lambda r: r.sent.total),
+    ("runs/effects", lambda r: f"{r.executions}/{r.effects}"),
+    ("held", lambda r: r.held if r.outages else "-"),
+    ("slowest", lambda r: f"{r.slowest:.1f} s"),
+    ("Q.dlq", lambda r: sum(r.verdict.dead_lettered.values())),
+    ("parked", lambda r: len(r.verdict.parked)),
+    ("lost", lambda r: len(r.verdict.lost)),
+    ("dup.", lambda r: len(r.verdict.duplicates)),
+    ("in fault", lambda r: r.verdict.count(OUTAGE)),
+    ("unexpl.", lambda r: r.verdict.count(UNEXPLAINED)),
+    ("overlaps", lambda r: r.overlaps),
+    ("left", lambda r: r.left_in_queues),
+    ("wall", lambda r: f"{r.wall:.0f} s"),
+    ("verdict", _verdict),
+]  # fmt: skip
+
+
+def render_faults(reports: list[Report]) -> Table:
+    """One row per run of a fault kind other than classic (none of them kills a worker)."""
+    # What each fault did goes under the table, a line per run: too long for a cell.
+    legend = (
+        "slowest: longest delivery, arrival to settle; parked: in Q.dlq though meant to "
+        "complete; dup.: duplicate (superseded) effects; "
+        "in fault: of them, lease expired while the store was away from their worker; "
+        "unexpl.: of them, unexplained; overlaps: pairs of executions of one key at the same "
+        "time, with or without an effect"
+    )
+    caption = "\n".join([legend, *(f"{r.store} {r.fault}: {r.fault_detail}" for r in reports)])
+    table = Table(
+        title="semel chaos run: store faults, no worker killed",
+        caption=caption,
+        caption_justify="left",
+        show_lines=False,
+    )
+    for label, _ in FAULT_COLUMNS:
+        # Figures stay on one line; the verdict and long headers may wrap.
+        table.add_column(label, overflow="fold", no_wrap=label != "verdict")
+    for report in reports:
+        table.add_row(*(str(value(report)) for _, value in FAULT_COLUMNS))
+    return table
+
+
+def tables(reports: list[Report]) -> list[Table]:
+    """The classic table and the faults table, each when there is a run for it."""
+    classic = [r for r in reports if r.fault == CLASSIC]
+    others = [r for r in reports if r.fault != CLASSIC]
+    return ([render(classic)] if classic else []) + ([render_faults(others)] if others else [])
+
+
 def evidence(report: Report, limit: int = 20, examples: int = 3) -> list[str]:
     """Each lost key and unexplained duplicate (up to ``limit``), a few examples of the rest."""
-    lines = [f"{report.store}: lost {key}" for key in report.verdict.lost[:limit]]
+    name = report.store if report.fault == CLASSIC else f"{report.store} {report.fault}"
+    lines = [f"{name}: lost {key}" for key in report.verdict.lost[:limit]]
+    lines += [f"{name}: parked in Q.dlq {key}" for key in report.verdict.parked[:examples]]
     shown: Counter[str] = Counter()
     for dup in report.verdict.duplicates:
         cap = limit if dup.cause == UNEXPLAINED else examples
         if dup.cause != KILLED and shown[dup.cause] < cap:
             shown[dup.cause] += 1
-            lines.append(f"{report.store}: {dup.cause} {dup.key} fence {dup.fence}: {dup.evidence}")
+            lines.append(f"{name}: {dup.cause} {dup.key} fence {dup.fence}: {dup.evidence}")
     return lines

@@ -14,9 +14,11 @@ from tests.chaos.verdict import (
     OUTAGE,
     UNEXPLAINED,
     Settled,
+    Window,
     duplicates_of,
     held_through,
     judge,
+    overlapping,
     read_settled,
 )
 from tests.chaos.workers import Kill
@@ -126,3 +128,46 @@ def test_a_completion_is_held_through_an_outage_only_if_it_spans_the_window() ->
     inside = settle(1, 12, "completed", end - 1, 1.0)  # arrived during the outage
     handed_back = settle(1, 13, "store-unavailable", end + 0.5, end + 0.5 - (start - 1))
     assert held_through([spanning, quick, inside, handed_back], [OUTAGE_WINDOW]) == 1
+
+
+def test_an_execution_running_alongside_the_next_is_unexplained_even_in_an_outage() -> None:
+    # A worker cut off from the store ran on while another claimed the key:
+    # handing the delivery back in the outage does not explain two at once.
+    first = Run("k", 1, 1, 10, T0 + 9, T0 + 15, T0 + 15.1, "returned")
+    second = run(2, 11, T0 + 14, effect=T0 + 15.5)
+    settled = [settle(1, 10, "fenced-out", T0 + 16.5, 7.5)]
+    [found] = duplicates_of([first, second], settled, [], [OUTAGE_WINDOW])
+    assert found.cause == UNEXPLAINED
+    assert "at the same time as pid 11 fence 2" in found.evidence
+
+
+def test_an_execution_without_an_effect_running_alongside_is_an_overlap_too() -> None:
+    first = Run("k", 1, 1, 10, T0, T0 + 0.1, T0 + 0.2, "returned")
+    cancelled = Run("k", 2, 1, 11, T0 + 0.05, None, T0 + 0.3, "cancelled")
+    last = run(3, 12, T0 + 5)
+    causes_found = causes([first, cancelled, last], [], [Kill(10, T0 + 1, 1, True)])
+    assert causes_found == [UNEXPLAINED]
+
+
+def test_a_window_of_one_process_explains_only_its_handing_back() -> None:
+    runs = [run(1, 10, T0 + 9), run(2, 11, T0 + 17)]
+    settled = [settle(1, 10, "store-unavailable", T0 + 10.6, 1.6)]
+    mine = Window(*OUTAGE_WINDOW, frozenset({10}))
+    other = Window(*OUTAGE_WINDOW, frozenset({11}))
+    assert [d.cause for d in duplicates_of(runs, settled, [], [mine])] == [OUTAGE]
+    assert [d.cause for d in duplicates_of(runs, settled, [], [other])] == [UNEXPLAINED]
+
+
+def test_a_key_meant_to_complete_found_only_in_the_dlq_is_parked() -> None:
+    dead = {"b": {"permanent-error"}, "c": {"poison"}, "d": {"poison"}}
+    verdict = judge(["a", "b", "c", "d"], {"a", "d"}, dead, [], failing={"b"})
+    assert verdict.parked == ["c"]  # d's dead letter was a copy: the key completed
+    assert verdict.lost == []
+    assert not verdict.ok
+
+
+def test_overlapping_executions_are_counted_with_or_without_an_effect() -> None:
+    stalled = Run("k", 1, 1, 10, T0, None, T0 + 6, "cancelled")
+    meanwhile = run(2, 11, T0 + 3)
+    after = run(3, 12, T0 + 7)
+    assert overlapping([after, meanwhile, stalled]) == [(stalled, meanwhile)]

@@ -16,11 +16,14 @@ understood:
 * ``lease-expired-in-outage`` -- its worker logged the delivery as handed
   back because the store could not be reached (or the lease was lost), and
   the execution overlapped a store outage: the lease ran out while the store
-  was away, so the key went to the next claim.
+  was away, so the key went to the next claim. An outage :class:`Window` is
+  for every worker (the server stopped, filled up) or for some processes only
+  (the link of one worker blackholed): it explains only their handing back.
 
-Anything else -- two effects under one fence, a superseded execution whose
-delivery settled as completed, a lease lost with no outage -- is
-``unexplained`` and fails the run.
+Anything else -- two effects under one fence, two executions of the key
+running at the same time (whatever else happened to them), a superseded
+execution whose delivery settled as completed, a lease lost with no
+outage -- is ``unexplained`` and fails the run.
 """
 
 from __future__ import annotations
@@ -64,6 +67,28 @@ class Settled:
 
 
 @dataclass(frozen=True, slots=True)
+class Window:
+    """Wall-clock seconds the store was away: for every worker, or only for ``pids``."""
+
+    start: float
+    end: float
+    pids: frozenset[int] | None = None
+
+    def hits(self, pid: int, start: float, end: float) -> bool:
+        """Whether process ``pid`` was cut off from the store at some moment of [start, end]."""
+        mine = self.pids is None or pid in self.pids
+        return mine and start <= self.end and end >= self.start
+
+
+Windows = Iterable[Window | tuple[float, float]]
+
+
+def windows_of(outages: Windows) -> list[Window]:
+    """Plain ``(start, end)`` pairs are outages for every worker."""
+    return [w if isinstance(w, Window) else Window(*w) for w in outages]
+
+
+@dataclass(frozen=True, slots=True)
 class Duplicate:
     """A superseded effect, its cause and the evidence for it."""
 
@@ -83,6 +108,8 @@ class Verdict:
     lost: list[str]
     duplicates: list[Duplicate] = field(default_factory=list)
     strict: bool = False  # transactional mode: no duplicate effect at all
+    # Keys whose handler was meant to succeed, not completed, only in Q.dlq.
+    parked: list[str] = field(default_factory=list)
 
     def count(self, cause: str) -> int:
         return sum(1 for d in self.duplicates if d.cause == cause)
@@ -91,7 +118,7 @@ class Verdict:
     def ok(self) -> bool:
         if self.strict and self.duplicates:
             return False
-        return not self.lost and self.count(UNEXPLAINED) == 0
+        return not self.lost and not self.parked and self.count(UNEXPLAINED) == 0
 
 
 def read_settled(log_files: Mapping[int, Path]) -> list[Settled]:
@@ -115,7 +142,7 @@ def read_settled(log_files: Mapping[int, Path]) -> list[Settled]:
     return found
 
 
-def held_through(settled: Iterable[Settled], outages: Iterable[tuple[float, float]]) -> int:
+def held_through(settled: Iterable[Settled], outages: Windows) -> int:
     """Deliveries that arrived before an outage and completed well into it or after it.
 
     Handlers run for at most a few hundred ms: a delivery that completed more
@@ -123,31 +150,79 @@ def held_through(settled: Iterable[Settled], outages: Iterable[tuple[float, floa
     a window is when the restart command returned, a moment after the
     workers may already have reached the store again.)
     """
-    windows = list(outages)
+    windows = windows_of(outages)
     return sum(
         1
         for s in settled
         if s.outcome.startswith("completed")
-        and any(s.at - s.duration < start < s.at - HELD for start, _ in windows)
+        and any(
+            (w.pids is None or s.pid in w.pids) and s.at - s.duration < w.start < s.at - HELD
+            for w in windows
+        )
     )
 
 
-def _overlaps(start: float, end: float, windows: Iterable[tuple[float, float]]) -> bool:
-    return any(start <= w_end and end >= w_start for w_start, w_end in windows)
+def _overlaps(pid: int, start: float, end: float, windows: list[Window]) -> bool:
+    return any(w.hits(pid, start, end) for w in windows)
+
+
+def _ended(run: Run) -> float:
+    """When ``run`` was last known to run: its end, or for one cut short, its effect."""
+    if run.ended is not None:
+        return run.ended
+    return run.effect if run.effect is not None else run.started
+
+
+def alongside(run: Run, others: Iterable[Run]) -> Run | None:
+    """Another execution of the key that ran at the same time as ``run``, if any.
+
+    One claim at a time means one execution at a time: a key's executions
+    follow each other, whatever fault came between them. Two that overlap
+    (by more than the clock slack) ran under two live claims, or one worker
+    ran on after its lease was gone.
+    """
+    for other in others:
+        if other is run or other.key != run.key:
+            continue
+        if other.started < _ended(run) - CLOCK_SLACK and run.started < _ended(other) - CLOCK_SLACK:
+            return other
+    return None
+
+
+def overlapping(runs: Iterable[Run]) -> list[tuple[Run, Run]]:
+    """Pairs of executions of one key that ran at the same time, effect or not.
+
+    Without an effect in both, no duplicate comes of it (a transaction rolled
+    back, a handler cut short before its effect), but the key was still run
+    by two at once: a figure of its own.
+    """
+    by_key: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_key[run.key].append(run)
+    pairs = []
+    for executions in by_key.values():
+        executions.sort(key=lambda run: run.started)
+        for n, run in enumerate(executions):
+            later = executions[n + 1 :]
+            pairs += [(run, other) for other in later if alongside(run, [other]) is not None]
+    return pairs
 
 
 def classify(
     effect: Run,
     settled: list[Settled],
     kills: Iterable[Kill],
-    outages: Iterable[tuple[float, float]],
+    outages: Windows,
 ) -> tuple[str, str]:
     """Why ``effect`` did not end in a completion: (cause, evidence)."""
     assert effect.effect is not None
+    windows = windows_of(outages)
     outcomes = [s for s in settled if s.ran(effect) and not s.outcome.startswith(CLAIM_ONLY)]
     if outcomes:
         last = outcomes[-1]
-        if last.outcome.startswith(HANDED_BACK) and _overlaps(effect.started, last.at, outages):
+        if last.outcome.startswith(HANDED_BACK) and _overlaps(
+            effect.pid, effect.started, last.at, windows
+        ):
             ended = "returned" if effect.outcome == "returned" else "was cut short"
             return OUTAGE, (
                 f"pid {effect.pid}: the handler {ended}, then the delivery settled as "
@@ -165,17 +240,19 @@ def duplicates_of(
     runs: Iterable[Run],
     settled: Iterable[Settled],
     kills: Iterable[Kill],
-    outages: Iterable[tuple[float, float]],
+    outages: Windows,
 ) -> list[Duplicate]:
     """Every superseded effect with its cause."""
     effects: dict[str, list[Run]] = defaultdict(list)
+    executions: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
+        executions[run.key].append(run)
         if run.effect is not None:
             effects[run.key].append(run)
     by_key: dict[str, list[Settled]] = defaultdict(list)
     for event in settled:
         by_key[event.key].append(event)
-    kills, outages = list(kills), list(outages)
+    kills, windows = list(kills), windows_of(outages)
     found = []
     for key, done in effects.items():
         done.sort(key=lambda run: run.effect or 0.0)
@@ -186,8 +263,15 @@ def duplicates_of(
                     UNEXPLAINED,
                     f"{fences[run.fence]} effects under fence {run.fence}",
                 )
+            elif other := alongside(run, executions[key]):
+                together = min(_ended(run), _ended(other)) - max(run.started, other.started)
+                cause, evidence = (
+                    UNEXPLAINED,
+                    f"pid {run.pid} fence {run.fence} ran at the same time as pid {other.pid} "
+                    f"fence {other.fence} ({together:.2f}s together)",
+                )
             else:
-                cause, evidence = classify(run, by_key[key], kills, outages)
+                cause, evidence = classify(run, by_key[key], kills, windows)
             returned = run.outcome == "returned"
             found.append(Duplicate(key, run.fence, run.pid, cause, evidence, returned))
     return found
@@ -198,18 +282,28 @@ def judge(
     completed: set[str],
     dead_letters: Mapping[str, set[str]],
     duplicates: list[Duplicate],
+    failing: set[str] | None = None,
 ) -> Verdict:
-    """``dead_letters``: key -> the reasons its dead letters carry."""
+    """``dead_letters``: key -> the reasons its dead letters carry.
+
+    ``failing``: the keys whose handler is meant to fail for good; any other
+    key that did not complete but went to ``Q.dlq`` was *parked* there by a
+    fault (claimed too many times, say): not lost, but its work never done.
+    """
     keys = list(keys)
     reasons: Counter[str] = Counter()
     for key in keys:
         for reason in dead_letters.get(key, ()):
             reasons[reason] += 1
     lost = [k for k in keys if k not in completed and k not in dead_letters]
+    parked = []
+    if failing is not None:
+        parked = [k for k in keys if k in dead_letters and k not in completed and k not in failing]
     return Verdict(
         keys=len(keys),
         completed=sum(1 for k in keys if k in completed),
         dead_lettered=dict(sorted(reasons.items())),
         lost=lost,
         duplicates=duplicates,
+        parked=parked,
     )

@@ -4,6 +4,10 @@ Each worker is ``python -m consumer`` in its own process group with JSON
 logs in a file of its own; the logs are evidence later (which delivery of
 which key settled how). A killed worker is restarted at once, like a
 supervisor would; one that exits by itself is restarted too and counted.
+A worker slot may get environment variables of its own (its own route to the
+store, say). Workers run in the checkout this module is in, with it first on
+``PYTHONPATH``, so they import its ``consumer`` and ``stores`` whatever else
+is installed.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +55,8 @@ class Worker:
 
     def __init__(self, slot: int, env: dict[str, str], logs: Path) -> None:
         self.slot = slot
-        self.env = env
+        path = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+        self.env = env | {"PYTHONPATH": path}
         self.logs = logs
         self.generation = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -93,9 +99,18 @@ class Worker:
 class Pool:
     """``count`` workers, a ledger to aim kills with, and the record of what happened."""
 
-    def __init__(self, count: int, env: dict[str, str], logs: Path, ledger: Path) -> None:
+    def __init__(
+        self,
+        count: int,
+        env: dict[str, str],
+        logs: Path,
+        ledger: Path,
+        own_env: Mapping[int, Mapping[str, str]] | None = None,
+    ) -> None:
+        """``own_env``: slot -> variables that slot's worker gets on top of ``env``."""
         logs.mkdir(parents=True, exist_ok=True)
-        self.workers = [Worker(slot, env, logs) for slot in range(count)]
+        own = own_env or {}
+        self.workers = [Worker(slot, env | dict(own.get(slot, {})), logs) for slot in range(count)]
         self.ledger = ledger
         self.kills: list[Kill] = []
         self.exits: list[Exit] = []
@@ -110,6 +125,10 @@ class Pool:
     @property
     def log_files(self) -> dict[int, Path]:
         return {pid: path for w in self.workers for pid, path in w.log_files.items()}
+
+    def pids_of(self, slot: int) -> frozenset[int]:
+        """Every process that ran in ``slot``, restarts included."""
+        return frozenset(self.workers[slot].log_files)
 
     async def supervise(self) -> None:
         """Restart workers that exit by themselves, until :meth:`stop`."""
@@ -141,13 +160,16 @@ class Pool:
             conn.close()
         return None
 
-    async def handlers_running(self, count: int, deadline: float) -> bool:
-        """Wait until the live workers run ``count`` handlers at once (the flow is back)."""
+    async def handlers_running(
+        self, count: int, deadline: float, slots: Iterable[int] | None = None
+    ) -> bool:
+        """Wait until the live workers (of ``slots``) run ``count`` handlers at once."""
         conn = sqlite3.connect(f"file:{self.ledger}?mode=ro", uri=True, timeout=5)
         end = time.monotonic() + deadline
+        chosen = self.workers if slots is None else [self.workers[s] for s in slots]
         try:
             while time.monotonic() < end:
-                pids = [w.pid for w in self.workers if w.alive()]
+                pids = [w.pid for w in chosen if w.alive()]
                 with contextlib.suppress(sqlite3.Error):
                     if sum(in_flight(conn, pid, after_effect=False) for pid in pids) >= count:
                         return True
