@@ -300,9 +300,7 @@ async def open_pool(
     await probe.close()
     pool: AsyncConnectionPool = AsyncConnectionPool(
         dsn,
-        # Opened in full up front: a connection opened under load costs several
-        # round trips while heartbeats wait for it.
-        min_size=size,
+        min_size=1,
         max_size=size,
         kwargs=kwargs,
         timeout=POOL_TIMEOUT,
