@@ -13,6 +13,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
 from tests.consumer.harness import ROUTING_KEY, Broker, eventually
+from tests.fences import clock_us, started_fresh
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -45,6 +46,7 @@ async def test_each_delivery_is_a_consumer_span_continuing_the_message_trace(
     settings = consumer_settings(handler="tests.ops.handlers:charge")
     consumer = await start_consumer(settings)
     name = f"process {settings.exchange}"
+    published_at = clock_us()
     traceparent = f"00-{TRACE_ID}-{PRODUCER_SPAN_ID}-01"
     await broker.publish(
         settings, {"order": 1}, key="o-1", message_id="m-1", headers={"traceparent": traceparent}
@@ -64,6 +66,9 @@ async def test_each_delivery_is_a_consumer_span_continuing_the_message_trace(
     assert processed.kind is SpanKind.CONSUMER
     attributes = dict(processed.attributes or {})
     assert isinstance(attributes.pop("messaging.rabbitmq.message.delivery_tag"), int)
+    fence = attributes.pop("semel.fence")
+    assert isinstance(fence, int)
+    assert started_fresh(fence, published_at)  # a first claim: the store's clock
     assert attributes == {
         "messaging.system": "rabbitmq",
         "messaging.operation.name": "process",
@@ -76,7 +81,6 @@ async def test_each_delivery_is_a_consumer_span_continuing_the_message_trace(
         "semel.outcome": "processed",
         "semel.idempotency_key": "o-1",
         "semel.attempt": 1,
-        "semel.fence": 1,
     }
     # It continues the producer's trace, as the child of the producer's span.
     assert processed.parent is not None
