@@ -5,6 +5,8 @@ that runs out under a handler because its heartbeats never reach the store.
 
 from __future__ import annotations
 
+import asyncio
+
 from stores.base import JSON, Claim, Outcome, Record, Store
 from stores.errors import StoreUnavailable
 
@@ -22,6 +24,8 @@ class FaultyStore(Store):
         # keys whose first granted claim's heartbeats never reach the store
         self.muted_first: set[str] = set()
         self._first_fences: dict[str, int] = {}
+        # keys whose completions take this many seconds to reach the store
+        self.slow_completions: dict[str, float] = {}
         self.heartbeats = 0
 
     def _check(self) -> None:
@@ -37,6 +41,8 @@ class FaultyStore(Store):
 
     async def complete(self, key: str, fence: int, result: JSON) -> bool:
         self._check()
+        if key in self.slow_completions:
+            await asyncio.sleep(self.slow_completions[key])  # a store this slow to answer
         return await self.inner.complete(key, fence, result)
 
     async def release(self, key: str, fence: int) -> bool:

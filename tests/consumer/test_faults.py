@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from dependency_injector import providers
 
 from consumer.names import Topology
 from settings import Settings
@@ -16,7 +17,7 @@ from tests.conftest import open_store
 from tests.consumer.conftest import CONSUMER_BACKENDS, ConsumerSettings, StartConsumer
 from tests.consumer.faults import FaultyStore
 from tests.consumer.handlers import read_ledger
-from tests.consumer.harness import Broker, TcpProxy, eventually
+from tests.consumer.harness import Broker, InProcessConsumer, TcpProxy, eventually
 from tests.consumer.test_delivery import finished, runs, settle_all, status_is
 from tests.servers import free_port
 
@@ -174,6 +175,41 @@ async def test_lost_lease_cancels_or_fences_out_the_old_run(
     assert [e["fence"] for e in runs(ledger, "cancelled", "end")] == [first["cancelled"] + 1]
     fenced = first["fenced"]
     assert [e["fence"] for e in runs(ledger, "fenced", "end")] == [fenced, fenced + 1]
+
+
+@pytest.mark.parametrize("backend", CONSUMER_BACKENDS)
+async def test_a_completion_waiting_on_a_slow_store_keeps_its_lease(
+    consumer_settings: ConsumerSettings,
+    broker: Broker,
+    store: Store,
+    ledger: Path,
+    start_consumer: StartConsumer,
+) -> None:
+    settings = consumer_settings(lock_ttl=1.0)
+    faulty = FaultyStore(await open_store(settings))
+    faulty.slow_completions["slow"] = 4.0  # four leases
+    consumer = InProcessConsumer(settings, faulty)
+    # Without the per-call deadline: this store is slow, not silent, and the
+    # test is about what the lease does meanwhile.
+    consumer.container.bounded_store.override(providers.Object(faulty))
+    await consumer.start(broker, settings)
+    try:
+        await broker.publish(settings, {}, key="slow")
+
+        async def ran() -> bool:
+            return len(runs(ledger, "slow", "end")) == 1
+
+        await eventually(ran, 10, "the handler ran")
+        # The time a lease takes to lapse is the event awaited: the completion
+        # is still on its way, and only renewals keep the key this worker's.
+        await asyncio.sleep(settings.lock_ttl * 2)
+        await broker.publish(settings, {}, key="slow")  # a copy: must not run again
+        await eventually(lambda: all_completed(store, ["slow"]), 20, "completed")
+        await settle_all(broker, settings, dead_letters=0)
+        await finished(consumer, broker, settings, dead_letters=0)
+    finally:
+        await faulty.close()
+    assert len(runs(ledger, "slow")) == 1  # the copy waited, then was a duplicate
 
 
 async def test_broker_drop_reconnects_and_a_long_absence_exits_1(
