@@ -171,9 +171,9 @@ class Pipeline:
         try:
             claim = await self._store.claim(parsed.key, parsed.fingerprint)
         except StoreError as exc:
-            self._pressure.answered(time.monotonic() - claimed_at)
             return decide_store_error(exc)
-        self._pressure.answered(time.monotonic() - claimed_at)
+        finally:
+            self._pressure.answered(time.monotonic() - claimed_at)
         delivery.fence = claim.fence
         self._observer.claimed(claim, delivery.facts.attempt)
         step = decide_after_claim(claim)

@@ -179,11 +179,7 @@ async def test_lost_lease_cancels_or_fences_out_the_old_run(
 
 @pytest.mark.parametrize("backend", CONSUMER_BACKENDS)
 async def test_a_completion_waiting_on_a_slow_store_keeps_its_lease(
-    consumer_settings: ConsumerSettings,
-    broker: Broker,
-    store: Store,
-    ledger: Path,
-    start_consumer: StartConsumer,
+    consumer_settings: ConsumerSettings, broker: Broker, store: Store, ledger: Path
 ) -> None:
     settings = consumer_settings(lock_ttl=1.0)
     faulty = FaultyStore(await open_store(settings))
@@ -208,6 +204,9 @@ async def test_a_completion_waiting_on_a_slow_store_keeps_its_lease(
         await settle_all(broker, settings, dead_letters=0)
         await finished(consumer, broker, settings, dead_letters=0)
     finally:
+        if consumer.task is not None and not consumer.task.done():
+            consumer.stop.set()  # a failed test leaves no consumer running
+            await asyncio.wait({consumer.task}, timeout=30)
         await faulty.close()
     assert len(runs(ledger, "slow")) == 1  # the copy waited, then was a duplicate
 
