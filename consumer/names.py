@@ -7,8 +7,10 @@ bound every broker call that must not hang a worker or a command.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 # -- headers semel writes. Attempts are counted here, never in x-death. -------------------
 H_ATTEMPTS = "x-semel-attempts"
@@ -29,7 +31,7 @@ BROKER_HEADERS = (
     "x-last-death-exchange",
     "x-last-death-queue",
     "x-last-death-reason",
-    "x-delivery-count",
+    "x-delivery-count",  # DELIVERY_COUNT
 )
 X_DEATH = "x-death"
 REJECTED_DEATH = "rejected"  # the x-death reason of a NACK without requeue
@@ -44,6 +46,35 @@ MAX_KEY_LENGTH = 256
 DEFAULT_EXCHANGE = ""  # routes by queue name
 DLQ_ROUTING_KEY = "dlq"
 CONFLICT_ROUTING_KEY = "conflict"
+
+# -- the broker's delivery count (quorum queues) --------------------------------------------
+DELIVERY_COUNT = "x-delivery-count"  # how often the broker has had the message returned
+# Q's delivery limit, declared so RabbitMQ 3.x (no limit unless set) and 4.x
+# (20 unless set) behave alike. The limit must never fire: the broker then
+# dead-letters to Q.retry.conflict with reason delivery_limit, and on the way
+# back to Q that hop closes a cycle with no rejection in it, which the broker
+# drops. It is the brake for returns semel never sees (a connection lost over
+# and over with deliveries still in its prefetch buffer).
+DELIVERY_LIMIT = 100
+# A delivery that has come back this many times is not handed back to its
+# queue once more but parked in Q.retry.conflict: a dead-lettering, not a
+# return, so it comes back with its count at 0, far from any limit. Half of
+# RabbitMQ 4's default, so a queue declared without a limit is safe too.
+RETURNS_BEFORE_DETOUR = 10
+
+
+def returns(headers: Mapping[str, Any]) -> int:
+    """How many times the broker says this message was returned to its queue."""
+    value = headers.get(DELIVERY_COUNT)
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value.decode() if isinstance(value, bytes) else value))
+    except (TypeError, ValueError):
+        return 0
+
 
 # -- broker timeouts, in seconds -----------------------------------------------------------
 CONNECT_TIMEOUT = 10.0  # one attempt of the worker to reach the broker

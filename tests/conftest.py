@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
 from consumer.container import store_options
 from settings import Settings
 from stores.base import Store
-from tests import servers
+from tests import rabbitmq4, servers
 
 POSTGRES_DSN = "postgresql://localhost/test"
 
@@ -34,10 +36,68 @@ def redis_server() -> str:
     return "redis://localhost:6379/0"
 
 
+# Which RabbitMQ the broker tests run against: the machine's own (3.10 on
+# Debian 12) or Debian 13's 4.0 from tests/rabbitmq4.py. An environment
+# variable too, so child processes (the chaos run) follow the same lane.
+RABBITMQ_LANES = ("3", "4")
+RABBITMQ_ENV = "SEMEL_TEST_RABBITMQ"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--rabbitmq",
+        choices=RABBITMQ_LANES,
+        default=os.environ.get(RABBITMQ_ENV, "3"),
+        help="the broker lane: 3 = the machine's RabbitMQ, 4 = RabbitMQ 4.0 from a Debian 13 root",
+    )
+
+
+def rabbitmq_lane(config: pytest.Config) -> str:
+    lane: str = config.getoption("--rabbitmq")
+    return lane
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"rabbitmq lane: {rabbitmq_lane(config)}"
+
+
 @pytest.fixture(scope="session")
-def rabbitmq_server() -> str:
+def rabbitmq_server(pytestconfig: pytest.Config) -> str:
+    lane = rabbitmq_lane(pytestconfig)
+    os.environ[RABBITMQ_ENV] = lane
+    if lane == "4":
+        return rabbitmq4.ensure_rabbitmq4()
     servers.ensure_service("rabbitmq")
     return "amqp://guest:guest@localhost:5672/"
+
+
+Rabbitmqctl = Callable[..., Awaitable[str]]
+
+
+@pytest.fixture(scope="session")
+def rabbitmqctl(pytestconfig: pytest.Config, rabbitmq_server: str) -> Rabbitmqctl:
+    """``rabbitmqctl`` against the lane's broker; returns its output, fails the test on error."""
+    if rabbitmq_lane(pytestconfig) == "4":
+        prefix, env = rabbitmq4.SHARED.ctl(), rabbitmq4.SHARED.env()
+    else:
+        prefix, env = ["rabbitmqctl"], None
+
+    async def run(*args: str) -> str:
+        proc = await asyncio.create_subprocess_exec(
+            *prefix, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=30)
+        assert proc.returncode == 0, err.decode()
+        return out.decode()
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_port(rabbitmq_server: str) -> int:
+    port = urlsplit(rabbitmq_server).port
+    assert port is not None
+    return port
 
 
 @pytest.fixture(scope="session")

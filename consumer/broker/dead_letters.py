@@ -3,10 +3,16 @@
 Nothing leaves the DLQ unless its replayed copy was confirmed by the broker.
 Dead letters are fetched with ``basic.get`` and manual acks and held
 unacknowledged while the run lasts, so none is seen twice; those not removed
-are handed back at the end with one ``basic.nack(requeue=True)``. A nack, not
-a reject: RabbitMQ 4 counts a reject against a quorum queue's delivery limit
-(20 by default) and the DLQ has nowhere to dead-letter to, so repeated
-listings would end up dropping messages.
+are handed back at the end with one ``basic.nack(requeue=True)``.
+
+Every hand-back is a return, and RabbitMQ 4.0 to 4.2 count each one (nack,
+reject or a closed channel alike) against a quorum queue's delivery limit,
+20 by default; ``Q.dlq`` has nowhere to dead-letter to, so about 21 listings
+would silently drop every dead letter. A dead letter already returned
+``RETURNS_BEFORE_DETOUR`` times is therefore not handed back but refreshed:
+a confirmed copy goes to the tail of ``Q.dlq`` and the original is acked, so
+its count starts again at 0. Nothing about the DLQ's declaration changes,
+so queues declared by earlier versions need nothing done to them.
 
 Ordering caveat: a requeued message goes back near the head of the queue, so
 dead letters that arrived while a listing or replay was running may end up
@@ -28,8 +34,14 @@ from aiormq.exceptions import AMQPError, ChannelInvalidStateError
 
 from consumer import names
 from consumer.broker.copies import carried_headers, copy_message
-from consumer.broker.publishing import Published, publish_confirmed
-from consumer.names import BROKER_CALL_TIMEOUT, Reason, Topology
+from consumer.broker.publishing import BROKER_TROUBLE, Published, publish_confirmed
+from consumer.names import (
+    BROKER_CALL_TIMEOUT,
+    RETURNS_BEFORE_DETOUR,
+    Reason,
+    Topology,
+    returns,
+)
 
 # Only these reasons mean the store holds this message's failure. The others
 # wrote nothing for the key, and resetting it could wipe another message's
@@ -171,13 +183,35 @@ class _Batch:
     fetched: list[AbstractIncomingMessage] = field(default_factory=list)
 
 
-async def _hand_back(messages: list[AbstractIncomingMessage]) -> None:
-    # Everything not acked was fetched on this channel; one nack returns it all.
+async def _hand_back(
+    channel: AbstractChannel, queue: str, messages: list[AbstractIncomingMessage]
+) -> None:
+    """Return what was fetched and not acked; refresh what came back too often."""
     if not messages:
         return
     # A channel that is gone already had the broker requeue all its unacked messages.
     with contextlib.suppress(AMQPError, ChannelInvalidStateError):
-        await messages[-1].nack(multiple=True, requeue=True)
+        kept = [m for m in messages if not await _refreshed(channel, queue, m)]
+        if kept:
+            # Everything still unacked was fetched on this channel; one nack returns it all.
+            await kept[-1].nack(multiple=True, requeue=True)
+
+
+async def _refreshed(
+    channel: AbstractChannel, queue: str, message: AbstractIncomingMessage
+) -> bool:
+    """Whether ``message`` was replaced by a confirmed copy at the queue's tail."""
+    if returns(message.headers or {}) + 1 < RETURNS_BEFORE_DETOUR:
+        return False
+    copy = copy_message(message, carried_headers(message.headers or {}))
+    try:
+        answer = await publish_confirmed(channel.default_exchange, copy, queue)
+    except BROKER_TROUBLE:
+        return False  # handed back as it is: one more return, still far from the limit
+    if answer is not Published.CONFIRMED:
+        return False
+    await message.ack()
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +228,7 @@ async def list_dead_letters(
     try:
         return Listing(batch.depth, [read_entry(m) for m in batch.fetched])
     finally:
-        await _hand_back(batch.fetched)
+        await _hand_back(channel, topology.dead_letter_queue, batch.fetched)
 
 
 @dataclass(slots=True)
@@ -239,7 +273,8 @@ async def replay(
                 report.failed += 1
     finally:
         # On an error midway, the dead letters not yet acked are all handed back.
-        await _hand_back([m for m in batch.fetched if not m.processed])
+        kept = [m for m in batch.fetched if not m.processed]
+        await _hand_back(channel, topology.dead_letter_queue, kept)
     return report
 
 

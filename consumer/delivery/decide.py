@@ -51,6 +51,9 @@ class Outcome(StrEnum):
     STORE_MISCONFIGURED = "store-misconfigured"  # handed back; consumption stops
     SHUTDOWN = "requeued-shutdown"
     COPY_UNCONFIRMED = "requeued-copy-unconfirmed"  # the broker never confirmed the copy
+    # Returned to Q too often (names.RETURNS_BEFORE_DETOUR): a fresh copy
+    # waits in Q.retry.conflict, with the broker's count back at 0.
+    DETOUR = "requeued-via-conflict"
 
     @property
     def result(self) -> Result:
@@ -70,6 +73,7 @@ _RESULTS = {
     Outcome.STORE_MISCONFIGURED: Result.REQUEUED,
     Outcome.SHUTDOWN: Result.REQUEUED,
     Outcome.COPY_UNCONFIRMED: Result.REQUEUED,
+    Outcome.DETOUR: Result.REQUEUED,
 }
 
 
@@ -147,14 +151,26 @@ class Requeue:
 
 
 @dataclass(frozen=True, slots=True)
+class Detour:
+    """Park an unread copy in ``Q.retry.conflict``: the delivery came back too often.
+
+    A copy, not a NACK: RabbitMQ 4 carries a message's delivery count through
+    dead-lettering, so only a newly published message starts again at 0.
+    """
+
+    outcome: Outcome = Outcome.DETOUR
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Run:
     """The claim was granted: run the handler under ``fence``."""
 
     fence: int
 
 
-Settle = Ack | NackToConflict | Retry | DeadLetter | Requeue
-Copied = Retry | DeadLetter  # the decisions that re-publish a copy before the ACK
+Settle = Ack | NackToConflict | Retry | DeadLetter | Requeue | Detour
+Copied = Retry | DeadLetter | Detour  # the decisions that re-publish a copy before the ACK
 
 MISMATCH_ERROR = "key already used with a different body"
 SHUTDOWN = Requeue("shutdown", outcome=Outcome.SHUTDOWN, store_down=False)
@@ -230,7 +246,9 @@ def bounded(text: str, limit: int = ERROR_HEADER_LIMIT) -> str:
     return text.encode("utf-8")[:limit].decode("utf-8", "ignore")
 
 
-def decide_after_failure(exc: BaseException, attempt: int, policy: RetryPolicy) -> Copied:
+def decide_after_failure(
+    exc: BaseException, attempt: int, policy: RetryPolicy
+) -> Retry | DeadLetter:
     """A handler raised (or timed out) on attempt ``attempt``."""
     error = describe(exc)
     if isinstance(exc, PermanentError):

@@ -26,6 +26,7 @@ from consumer.delivery.decide import (
     Applied,
     Copied,
     DeadLetter,
+    Detour,
     NackToConflict,
     Outcome,
     Requeue,
@@ -46,7 +47,7 @@ from consumer.delivery.message import Incoming, MessageRules, Parsed, best_effor
 from consumer.delivery.observe import Observer
 from consumer.delivery.pressure import Pressure
 from consumer.errors import BadMessage, LeaseLost
-from consumer.names import Reason
+from consumer.names import RETURNS_BEFORE_DETOUR, Reason, returns
 from stores.base import Store
 from stores.errors import ResultTooLarge, StoreError, StoreUnavailable
 
@@ -113,6 +114,10 @@ class Pipeline:
         """Process and settle ``message``; returns the decision applied."""
         with self._observer.delivery(message):
             delivery, parsed = self._read(message)
+            if returns(delivery.headers) >= RETURNS_BEFORE_DETOUR:
+                # Further returns could bring it to the broker's delivery limit,
+                # where the message would be dropped; nothing is claimed.
+                return await self._settle(delivery, Detour())
             if isinstance(parsed, BadMessage):
                 return await self._settle(delivery, DeadLetter(parsed.reason, str(parsed)))
             admitted_at = await self._pressure.admit()
@@ -266,7 +271,7 @@ class Pipeline:
         dead letter.
         """
         message = delivery.message
-        if isinstance(decision, Retry | DeadLetter):
+        if isinstance(decision, Retry | DeadLetter | Detour):
             if not await self._settler.copy(message, decision, delivery.facts):
                 return self._report(delivery, decision, await self._settler.give_back(message))
             if lease is not None and isinstance(decision, DeadLetter):

@@ -77,6 +77,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -84,7 +85,7 @@ from pathlib import Path
 from rich.console import Console
 
 from tests.chaos.faults import CLASSIC, FAULTS, fits
-from tests.chaos.rabbit import RabbitNode
+from tests.chaos.rabbit import LANE_ENV, RabbitNode
 from tests.chaos.run import ChaosConfig, Report, run_chaos
 from tests.chaos.table import evidence, tables
 from tests.chaos.transactional import TRANSACTIONAL
@@ -118,6 +119,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--delay", type=float, default=50.0, help="ms a slow link holds each chunk (default 50)"
     )
+    parser.add_argument(
+        "--rabbitmq",
+        choices=("3", "4"),
+        default=os.environ.get(LANE_ENV, "3"),
+        help="3: the machine's RabbitMQ (default); 4: RabbitMQ 4.0 from a Debian 13 root",
+    )
     parser.add_argument("--keep", type=Path, help="keep ledgers and worker logs here")
     args = parser.parse_args(argv)
     if args.workers < 2 or args.messages < 25 or args.kills < 0 or args.rate <= 0:
@@ -146,7 +153,7 @@ def _faults(text: str) -> tuple[str, ...]:
 
 
 async def run_all(args: argparse.Namespace) -> list[Report]:
-    node = await RabbitNode.start()
+    node = await RabbitNode.start(lane=args.rabbitmq)
     reports = []
     try:
         for store, fault in runs(args):

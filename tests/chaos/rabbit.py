@@ -4,6 +4,10 @@ A second node on this machine, beside the shared one: its own name, ports,
 config, data and log directories, all under a temporary directory. The
 shared node's environment file still applies (loopback distribution); the
 node name, ports and paths given here override it.
+
+``lane="4"`` runs the node from the Debian 13 root of :mod:`tests.rabbitmq4`
+(RabbitMQ 4.0) instead of the machine's own RabbitMQ; its directory is then
+inside the root.
 """
 
 from __future__ import annotations
@@ -16,10 +20,14 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
+from tests import rabbitmq4
 from tests.chaos.processes import on_exit, private_dir, run, wait_gone
+
+LANE_ENV = "SEMEL_TEST_RABBITMQ"  # "3": the machine's RabbitMQ, "4": Debian 13's
 
 
 def bindable(port: int) -> bool:
@@ -56,23 +64,27 @@ class RabbitNode:
 
     DIST_OFFSET = 20_000
 
-    def __init__(self, port: int, home: Path) -> None:
+    def __init__(self, port: int, home: Path, release: rabbitmq4.Node | None = None) -> None:
         self.port = port
-        self.home = home
+        self.home = home  # on the host's file system
         self.node = f"semel-chaos-{port}@localhost"
+        self.release = release  # None: the machine's own RabbitMQ
         self.url = f"amqp://guest:guest@127.0.0.1:{port}/"
         self.restarts = 0
         self.launched = False
         self._cleanup = on_exit(self._halt)
 
     @classmethod
-    async def start(cls, deadline: float = 120.0, attempts: int = 2) -> RabbitNode:
+    async def start(
+        cls, deadline: float = 120.0, attempts: int = 2, lane: str | None = None
+    ) -> RabbitNode:
         """A node that answers; a start that fails is retried once on other ports."""
+        lane = lane or os.environ.get(LANE_ENV, "3")
         for attempt in range(1, attempts + 1):
-            node = cls._prepare()
+            node = cls._prepare() if lane == "3" else cls._prepare_in_root()
             try:
                 node.launched = True
-                await run(["rabbitmq-server", "-detached"], 60, env=node._env())
+                await run(node._argv("rabbitmq-server", "-detached"), 60, env=node._env())
                 await node.await_startup(deadline)
                 return node
             except RuntimeError as exc:
@@ -98,6 +110,22 @@ class RabbitNode:
         (home / "enabled_plugins").write_text("[].\n")
         return cls(port, home)
 
+    @classmethod
+    def _prepare_in_root(cls) -> RabbitNode:
+        root = rabbitmq4.ensure_root()
+        port = _pair_of_free_ports(rabbitmq4.DIST_OFFSET)
+        inside = tempfile.mkdtemp(prefix="semel-chaos-rabbit-", dir=root / "tmp")
+        release = rabbitmq4.Node(
+            f"semel-chaos-{port}@localhost", port, inside.removeprefix(str(root))
+        )
+        release.prepare()
+        return cls(port, Path(inside), release)
+
+    def _argv(self, program: str, *args: str) -> list[str]:
+        if self.release is None:
+            return [program, *args]
+        return self.release.argv(program, *args)
+
     def log_tail(self, lines: int = 30) -> str:
         dump = self.home / "erl_crash.dump"
         if dump.exists():
@@ -112,6 +140,8 @@ class RabbitNode:
         return (self.home / "erl_crash.dump").exists()
 
     def _env(self) -> dict[str, str]:
+        if self.release is not None:
+            return self.release.env()
         home = str(self.home)
         return os.environ | {
             "RABBITMQ_NODENAME": self.node,
@@ -127,7 +157,7 @@ class RabbitNode:
         }
 
     async def ctl(self, *args: str, limit: float = 60.0) -> str:
-        return await run(["rabbitmqctl", "-n", self.node, *args], limit, env=self._env())
+        return await run(self._argv("rabbitmqctl", "-n", self.node, *args), limit, env=self._env())
 
     async def await_startup(self, deadline: float) -> None:
         """The detached server registers its node name a moment after the command returns."""
@@ -160,7 +190,7 @@ class RabbitNode:
             # No pid file argument: with one, stop waits for a node that never
             # started to write it, forever.
             ctl = subprocess.Popen(
-                ["rabbitmqctl", "-n", self.node, "stop"],
+                self._argv("rabbitmqctl", "-n", self.node, "stop"),
                 env=self._env(),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,

@@ -23,6 +23,7 @@ from tests.chaos.run import ChaosConfig, Report, run_chaos
 from tests.chaos.table import evidence, tables
 from tests.chaos.transactional import TRANSACTIONAL
 from tests.chaos.verdict import UNEXPLAINED
+from tests.conftest import rabbitmq_lane
 
 pytestmark = [
     pytest.mark.slow,
@@ -42,8 +43,8 @@ BLACKHOLE_STORE = "postgres"
 
 
 @pytest.fixture(scope="module")
-def private_broker() -> Iterator[RabbitNode]:
-    node = asyncio.run(RabbitNode.start())
+def private_broker(pytestconfig: pytest.Config) -> Iterator[RabbitNode]:
+    node = asyncio.run(RabbitNode.start(lane=rabbitmq_lane(pytestconfig)))
     try:
         yield node
     finally:

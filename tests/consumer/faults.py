@@ -27,6 +27,10 @@ class FaultyStore(Store):
         # keys whose completions take this many seconds to reach the store
         self.slow_completions: dict[str, float] = {}
         self.heartbeats = 0
+        # keys whose next claims fail, as many as the count says, while ping
+        # still answers: a store that reads but cannot write
+        self.failing_claims: dict[str, int] = {}
+        self.claims: dict[str, list[Outcome | None]] = {}  # None: the claim failed
 
     def _check(self) -> None:
         if self.down:
@@ -34,7 +38,13 @@ class FaultyStore(Store):
 
     async def claim(self, key: str, fingerprint: str) -> Claim:
         self._check()
+        seen = self.claims.setdefault(key, [])
+        if self.failing_claims.get(key, 0) > 0:
+            self.failing_claims[key] -= 1
+            seen.append(None)
+            raise StoreUnavailable(self.backend, "claim cut by the test")
         claim = await self.inner.claim(key, fingerprint)
+        seen.append(claim.outcome)
         if claim.outcome is Outcome.CLAIMED:
             self._first_fences.setdefault(key, claim.fence)
         return claim

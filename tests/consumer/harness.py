@@ -117,6 +117,17 @@ class Broker:
         count = declared.declaration_result.message_count
         return int(count or 0)
 
+    async def return_times(self, queue: str, times: int) -> int:
+        """Take the head of ``queue`` and hand it back ``times`` times, as a
+        consumer dying with it in hand would; how many returns were made."""
+        declared = await self.channel.declare_queue(queue, passive=True)
+        for made in range(times):
+            message = await declared.get(no_ack=False, fail=False, timeout=5)
+            if message is None:
+                return made
+            await message.nack(requeue=True)
+        return times
+
     async def consumers(self, queue: str) -> int:
         """Consumers attached to ``queue``; 0 while it does not exist yet."""
         channel = await self.connection.channel()

@@ -217,9 +217,10 @@ async def test_broker_drop_reconnects_and_a_long_absence_exits_1(
     store: Store,
     ledger: Path,
     start_consumer: StartConsumer,
+    rabbitmq_port: int,
 ) -> None:
     port = free_port()
-    proxy = await TcpProxy(5672, port).start()
+    proxy = await TcpProxy(rabbitmq_port, port).start()
     settings = consumer_settings(
         amqp_url=f"amqp://guest:guest@127.0.0.1:{port}/", broker_give_up=3.0
     )

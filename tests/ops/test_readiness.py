@@ -37,9 +37,12 @@ class Readiness:
 
 
 async def test_readiness_follows_the_broker_connection(
-    consumer_settings: ConsumerSettings, broker: Broker, start_consumer: StartConsumer
+    consumer_settings: ConsumerSettings,
+    broker: Broker,
+    start_consumer: StartConsumer,
+    rabbitmq_port: int,
 ) -> None:
-    proxy = await TcpProxy(5672, free_port()).start()
+    proxy = await TcpProxy(rabbitmq_port, free_port()).start()
     settings = consumer_settings(
         amqp_url=f"amqp://guest:guest@127.0.0.1:{proxy.port}/", metrics_port=free_port()
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -21,7 +20,7 @@ from consumer.names import Reason, Topology
 from settings import Settings
 from stores.base import Outcome, Store
 from stores.errors import StoreUnavailable
-from tests.conftest import StoreFactory
+from tests.conftest import Rabbitmqctl, StoreFactory
 from tests.tools.conftest import (
     depth,
     drain,
@@ -86,6 +85,40 @@ async def failed_key(store: Store, key: str) -> None:
     assert claim.outcome is Outcome.CLAIMED
     assert await store.fail(key, claim.fence, "RuntimeError: no")
     assert (await store.claim(key, FINGERPRINT)).outcome is Outcome.FAILED
+
+
+LISTINGS = 25  # more than RabbitMQ 4's default delivery limit of 20
+
+
+@pytest.mark.usefixtures("declared")
+async def test_listing_again_and_again_never_wears_out_a_dead_letter(
+    settings: Settings, channel: AbstractChannel
+) -> None:
+    """Every listing hands the dead letters back, and RabbitMQ 4.0 counts each
+    return against the DLQ's delivery limit: without the refresh, about 21
+    listings silently emptied ``Q.dlq``."""
+    dlq_name = Topology(settings.queue).dead_letter_queue
+    keys = [f"k-{n}" for n in range(3)]
+    for key in keys:
+        await dead_letter(channel, settings, key, Reason.MAX_ATTEMPTS)
+    await wait_for_depth(channel, dlq_name, len(keys))
+    for listing in range(LISTINGS):
+        done = await semel(settings, "dlq", "list", "--json")
+        assert done.code == 0, done.stderr
+        shown = json.loads(done.stdout)
+        assert shown["depth"] == len(keys), f"listing {listing + 1}: {shown['depth']} left"
+        assert sorted(row["key"] for row in shown["dead_letters"]) == keys
+    # What a refresh keeps: the headers semel wrote and the producer's properties.
+    queue = await channel.get_queue(dlq_name, ensure=False)
+    letters = [await queue.get(timeout=5) for _ in keys]
+    for letter in letters:
+        headers = letter.headers or {}
+        entry = dlq.read_entry(letter)
+        assert entry.reason == Reason.MAX_ATTEMPTS.value
+        assert headers["x-trace"] == "keep-me"
+        assert letter.correlation_id == f"corr-{entry.key}"
+        assert names.returns(headers) < names.RETURNS_BEFORE_DETOUR
+        await letter.ack()
 
 
 @pytest.mark.usefixtures("declared")
@@ -248,17 +281,9 @@ async def test_replay_without_a_selection_exits_2(settings: Settings) -> None:
     assert both.code == 2
 
 
-async def rabbitmqctl(*args: str) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        "rabbitmqctl", *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
-    )
-    _, err = await asyncio.wait_for(proc.communicate(), timeout=30)
-    assert proc.returncode == 0, err.decode()
-
-
 @pytest.fixture
 async def full_work_queue(
-    settings: Settings, channel: AbstractChannel, declared: None
+    settings: Settings, channel: AbstractChannel, declared: None, rabbitmqctl: Rabbitmqctl
 ) -> AsyncIterator[None]:
     """The work queue refuses every publish: a policy caps it at zero messages.
 
