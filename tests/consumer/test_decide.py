@@ -12,6 +12,7 @@ from consumer.delivery.decide import (
     MISMATCH_ERROR,
     Ack,
     DeadLetter,
+    Detour,
     NackToConflict,
     Retry,
     RetryPolicy,
@@ -24,7 +25,7 @@ from consumer.delivery.decide import (
 from consumer.delivery.decide import Outcome as Settled
 from consumer.delivery.facts import attempt_of
 from consumer.errors import HandlerTimeout
-from consumer.names import H_ATTEMPTS, Reason
+from consumer.names import DELIVERY_LIMIT, H_ATTEMPTS, RETURNS_BEFORE_DETOUR, Reason, returns
 from stores.base import POISON_ERROR, Claim, Outcome, Record, Status
 
 POLICY = RetryPolicy(delays=(1, 5, 30), max_attempts=4)
@@ -134,3 +135,25 @@ def test_describe() -> None:
 def test_the_last_retry_tier_repeats() -> None:
     policy = RetryPolicy(delays=(0.5, 2, 10), max_attempts=9)
     assert [policy.delay(n) for n in (1, 2, 3, 4, 9)] == [0.5, 2, 10, 10, 10]
+
+
+@pytest.mark.parametrize(
+    ("headers", "count"),
+    [
+        ({}, 0),
+        ({"x-delivery-count": 12}, 12),
+        ({"x-delivery-count": b"7"}, 7),
+        ({"x-delivery-count": "3"}, 3),
+        ({"x-delivery-count": True}, 0),  # not a count
+        ({"x-delivery-count": "many"}, 0),
+        ({"x-delivery-count": None}, 0),
+    ],
+)
+def test_the_broker_delivery_count_is_read_leniently(headers: dict[str, Any], count: int) -> None:
+    assert returns(headers) == count
+
+
+def test_a_detour_is_a_copied_requeue() -> None:
+    assert Detour().outcome is Settled.DETOUR
+    assert Settled.DETOUR.result.value == "requeued"
+    assert RETURNS_BEFORE_DETOUR * 2 <= 20 < DELIVERY_LIMIT  # clear of 4.x's default, too
