@@ -107,6 +107,22 @@ def _mount_proc(root: Path) -> None:
         subprocess.run(["mount", "-t", "proc", "proc", str(proc)], check=True)
 
 
+def node_env(name: str, port: int, home: str) -> dict[str, str]:
+    """What makes a node private: its name, ports and every path under ``home``."""
+    return {
+        "RABBITMQ_NODENAME": name,
+        "RABBITMQ_NODE_PORT": str(port),
+        "RABBITMQ_DIST_PORT": str(port + DIST_OFFSET),
+        "RABBITMQ_MNESIA_BASE": f"{home}/mnesia",
+        "RABBITMQ_LOG_BASE": f"{home}/log",
+        "RABBITMQ_PID_FILE": f"{home}/node.pid",
+        "RABBITMQ_ENABLED_PLUGINS_FILE": f"{home}/enabled_plugins",
+        "RABBITMQ_CONFIG_FILE": f"{home}/rabbitmq",
+        "RABBITMQ_ADVANCED_CONFIG_FILE": f"{home}/advanced.config",
+        "ERL_CRASH_DUMP": f"{home}/erl_crash.dump",
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class Node:
     """One RabbitMQ node run from the root: its name, AMQP port and home inside the root."""
@@ -125,22 +141,12 @@ class Node:
         return self.root / inside.lstrip("/")
 
     def env(self) -> dict[str, str]:
-        home = self.home
         return {
             "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
             "LANG": "C.UTF-8",
-            "HOME": home,  # the Erlang cookie lives here, shared by server and CLI
-            "RABBITMQ_NODENAME": self.name,
-            "RABBITMQ_NODE_PORT": str(self.port),
-            "RABBITMQ_DIST_PORT": str(self.port + DIST_OFFSET),
-            "RABBITMQ_MNESIA_BASE": f"{home}/mnesia",
-            "RABBITMQ_LOG_BASE": f"{home}/log",
-            "RABBITMQ_PID_FILE": f"{home}/node.pid",
-            "RABBITMQ_ENABLED_PLUGINS_FILE": f"{home}/enabled_plugins",
-            "RABBITMQ_CONFIG_FILE": f"{home}/rabbitmq",
-            "RABBITMQ_ADVANCED_CONFIG_FILE": f"{home}/advanced.config",
+            "HOME": self.home,  # the Erlang cookie lives here, shared by server and CLI
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": LOOPBACK_DIST,
-            "ERL_CRASH_DUMP": f"{home}/erl_crash.dump",
+            **node_env(self.name, self.port, self.home),
         }
 
     def argv(self, program: str, *args: str) -> list[str]:

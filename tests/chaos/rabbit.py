@@ -62,7 +62,7 @@ def _ephemeral_start() -> int:
 class RabbitNode:
     """A second RabbitMQ node on a private port, restartable with stop_app / start_app."""
 
-    DIST_OFFSET = 20_000
+    DIST_OFFSET = rabbitmq4.DIST_OFFSET
 
     def __init__(self, port: int, home: Path, release: rabbitmq4.Node | None = None) -> None:
         self.port = port
@@ -113,7 +113,7 @@ class RabbitNode:
     @classmethod
     def _prepare_in_root(cls) -> RabbitNode:
         root = rabbitmq4.ensure_root()
-        port = _pair_of_free_ports(rabbitmq4.DIST_OFFSET)
+        port = _pair_of_free_ports(cls.DIST_OFFSET)
         inside = tempfile.mkdtemp(prefix="semel-chaos-rabbit-", dir=root / "tmp")
         release = rabbitmq4.Node(
             f"semel-chaos-{port}@localhost", port, inside.removeprefix(str(root))
@@ -142,19 +142,7 @@ class RabbitNode:
     def _env(self) -> dict[str, str]:
         if self.release is not None:
             return self.release.env()
-        home = str(self.home)
-        return os.environ | {
-            "RABBITMQ_NODENAME": self.node,
-            "RABBITMQ_NODE_PORT": str(self.port),
-            "RABBITMQ_DIST_PORT": str(self.port + self.DIST_OFFSET),
-            "RABBITMQ_MNESIA_BASE": f"{home}/mnesia",
-            "RABBITMQ_LOG_BASE": f"{home}/log",
-            "RABBITMQ_PID_FILE": f"{home}/node.pid",
-            "RABBITMQ_ENABLED_PLUGINS_FILE": f"{home}/enabled_plugins",
-            "RABBITMQ_CONFIG_FILE": f"{home}/rabbitmq",
-            "RABBITMQ_ADVANCED_CONFIG_FILE": f"{home}/advanced.config",
-            "ERL_CRASH_DUMP": f"{home}/erl_crash.dump",
-        }
+        return os.environ | rabbitmq4.node_env(self.node, self.port, str(self.home))
 
     async def ctl(self, *args: str, limit: float = 60.0) -> str:
         return await run(self._argv("rabbitmqctl", "-n", self.node, *args), limit, env=self._env())
