@@ -4,15 +4,24 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: consume test lint services clean
+.PHONY: consume test lint services system clean
 
-$(BIN)/.installed: pyproject.toml
+# Debian's packages for the venv, the servers and dynalite
+# (scripts/system-packages): what is missing is installed when make runs as
+# root, otherwise make stops here with the one line that names it.
+SYSTEM_PACKAGES_MISSING = $(shell PYTHON='$(PYTHON)' scripts/system-packages --explain)
+
+system:
+	$(if $(SYSTEM_PACKAGES_MISSING),$(error $(SYSTEM_PACKAGES_MISSING)))
+	@PYTHON='$(PYTHON)' scripts/system-packages
+
+$(BIN)/.installed: pyproject.toml | system
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
-services: $(BIN)/.installed
+services: system $(BIN)/.installed
 	$(BIN)/python -m tests.servers
 
 consume: services

@@ -1,7 +1,9 @@
 """Real servers for the tests: start what is not running, on loopback only.
 
-PostgreSQL, Redis and RabbitMQ are system services on the test machine; they
-are started with their usual commands when their port is closed. The two
+PostgreSQL, Redis and RabbitMQ are system services on the test machine
+(scripts/system-packages installs them on Debian); they are started with
+their usual commands when their port is closed, which also works where no
+init system runs them (a container, a chroot). The two
 DynamoDB-compatible servers (moto's server mode and dynalite) are child
 processes of the test session on free ports.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -35,6 +38,12 @@ SYSTEM_SERVICES: dict[str, tuple[int, str]] = {
     ),
     "rabbitmq": (5672, "rabbitmq-server -detached"),
 }
+
+# The suite's PostgreSQL (tests/conftest.py): the OS user, no password, over TCP.
+POSTGRES_TEST_DSN = "postgresql://localhost/test"
+
+# Where Redis's command above keeps its files; it will not start without them.
+REDIS_DIRS = ("/var/lib/redis", "/var/log/redis")
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
@@ -61,13 +70,44 @@ def free_port() -> int:
 def ensure_service(name: str, deadline: float = 90.0) -> None:
     """Start a system service with its usual command unless it already listens."""
     port, command = SYSTEM_SERVICES[name]
-    if port_open(port):
-        return
+    if not port_open(port):
+        _start(name, command, port, deadline)
+    if name == "postgres":
+        _check_postgres()
+
+
+def _start(name: str, command: str, port: int, deadline: float) -> None:
+    if name == "redis":
+        for directory in REDIS_DIRS:
+            # Not ours to create as an ordinary user: Redis then says why it cannot start.
+            with contextlib.suppress(PermissionError):
+                Path(directory).mkdir(parents=True, exist_ok=True)
     subprocess.run(command, shell=True, check=False)  # noqa: S602 - fixed command
     wait_for_port(port, deadline)
     if name == "rabbitmq":
         # The port opens before the vhost is ready; wait for the app itself.
         subprocess.run(["rabbitmqctl", "await_startup"], check=False, timeout=deadline)
+
+
+def _check_postgres() -> None:
+    """Fail in one line when the suite cannot log in, instead of in every PostgreSQL test.
+
+    A PostgreSQL that scripts/system-packages installed is set up for the suite;
+    one that was already there is the machine owner's to set up.
+    """
+    # Imported here: the rest of this module runs with the standard library alone.
+    import psycopg
+
+    try:
+        psycopg.connect(POSTGRES_TEST_DSN, connect_timeout=10).close()
+    except psycopg.OperationalError as exc:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+        reason = " ".join(str(exc).split()).rpartition("FATAL: ")[2]
+        raise RuntimeError(
+            f"PostgreSQL on localhost refuses {POSTGRES_TEST_DSN} as {user} ({reason}):"
+            f" createuser --superuser {user}; createdb --owner {user} test;"
+            " and trust 127.0.0.1/32 and ::1/128 for it in pg_hba.conf"
+        ) from exc
 
 
 @contextlib.contextmanager
@@ -164,5 +204,8 @@ def aws_test_credentials() -> None:
 if __name__ == "__main__":
     # `python -m tests.servers`: start the system services the suite needs.
     for service in SYSTEM_SERVICES:
-        ensure_service(service)
+        try:
+            ensure_service(service)
+        except RuntimeError as exc:
+            sys.exit(f"{service}: {exc}")
         print(f"{service}: up")
