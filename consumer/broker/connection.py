@@ -85,6 +85,7 @@ class ClusterConnection(RobustConnection):
         self._urls = list(urls)
         self._next = first % len(self._urls)
         super().__init__(self._urls[self._next], **kwargs)
+        self._tried: URL = self.url  # the address last tried, which aio-pika's log lines name
         self._node: str | None = None
         self._last_node: str | None = None  # the node of the last established connection
         self.failover_callbacks: CallbackCollection[ClusterConnection, []] = CallbackCollection(
@@ -96,15 +97,22 @@ class ClusterConnection(RobustConnection):
         """``host:port`` of the node connected to now; None while not connected."""
         return self._node if self.connected.is_set() else None
 
+    def __str__(self) -> str:
+        # aio-pika logs a failed attempt or a lost connection after this class
+        # has already pointed ``url`` at the next address: name the one it is about.
+        url = self._tried
+        return str(url.with_password("******") if url.password else url)
+
     async def _on_connection_close(self, closing: asyncio.Future[Any]) -> None:
         self._node = None
+        self._tried = self.url
         self._next = (self._next + 1) % len(self._urls)
         self.url = self._urls[self._next]
         await super()._on_connection_close(closing)
 
     async def _on_connected(self) -> None:
         node = node_of(self.url)
-        self._node = node
+        self._tried, self._node = self.url, node
         # Raises when the channels cannot be restored: the connection is then
         # closed, and the next attempt goes to the next node.
         await super()._on_connected()

@@ -7,6 +7,7 @@ cluster adds (a queue leader moving, a partition) is in ``tests/cluster``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import time
@@ -17,9 +18,10 @@ from typing import TypeVar
 
 import orjson
 import pytest
+from yarl import URL
 
 from consumer.broker import connection as broker_connection
-from consumer.broker.connection import broker_urls, connect
+from consumer.broker.connection import ClusterConnection, broker_urls, connect
 from settings import Settings
 from stores.base import Status, Store
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
@@ -162,6 +164,19 @@ async def test_start_up_passes_over_an_address_that_does_not_answer(
         assert time.monotonic() - began < 2  # the next address at once, no back-off pause
     finally:
         await connection.close()
+
+
+async def test_a_lost_node_is_named_in_the_client_logs_not_the_next_one() -> None:
+    # aio-pika logs "Connection attempt to <connection> failed" after the
+    # connection has moved on to the next address.
+    first, second = (URL(cluster_url([port])) for port in (1001, 1002))
+    connection = ClusterConnection([first, second])
+    lost = asyncio.get_running_loop().create_future()
+    lost.set_exception(ConnectionResetError("reset"))
+    await connection._on_connection_close(lost)
+    assert connection.url == second  # the next attempt
+    assert str(connection) == "amqp://guest:******@127.0.0.1:1001/"  # the one just lost
+    await connection.close()
 
 
 def test_each_process_tries_the_addresses_in_its_own_order() -> None:
