@@ -14,7 +14,8 @@ from tests.cluster.run import ClusterReport
 def _sent(report: ClusterReport) -> str:
     sent = report.sent
     copies = sent.total - sent.originals
-    return f"{sent.total} ({copies} duplicates, {copies / max(1, sent.total):.0%})"
+    text = f"{sent.total} ({copies} duplicates, {copies / max(1, sent.total):.0%})"
+    return text + (f"; {sent.resends} publishes resent" if sent.resends else "")
 
 
 def _placed(report: ClusterReport) -> str:
