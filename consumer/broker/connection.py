@@ -134,7 +134,8 @@ async def connect(addresses: Sequence[str], give_up: float) -> ClusterConnection
         attempt += 1
         try:
             await connection.connect(timeout=CONNECT_TIMEOUT)
-            log.info("connected to the broker", node=connection.node, addresses=len(urls))
+            # debug: a start-up error must stay the one line on stderr; /readyz names the node
+            log.debug("connected to the broker", node=connection.node, addresses=len(urls))
             return connection
         except ProbableAuthenticationError as exc:
             raise BrokerUnavailable(f"broker refused the login: {exc}") from None
