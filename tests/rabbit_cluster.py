@@ -87,6 +87,11 @@ def missing() -> str | None:
     for tool in ("ip", "runuser"):
         if shutil.which(tool) is None:
             return f"no {tool} command"
+    probe = f"{NAMESPACE_PREFIX}probe-{os.getpid()}"
+    made = _sh("ip", "netns", "add", probe, check=False)
+    _sh("ip", "netns", "del", probe, check=False)
+    if made.returncode != 0:
+        return f"cannot create a network namespace: {made.stderr.decode().strip()}"
     return None
 
 
@@ -317,8 +322,22 @@ class RabbitCluster:
             if all(names <= view for view in seen):
                 return
             if time.monotonic() > end:
-                raise RuntimeError(f"cluster not whole after {deadline:g}s: {seen}")
+                missing = [node for node in wanted if not all(node.name in v for v in seen)]
+                tails = "\n".join(node.log_tail(40) for node in missing)
+                raise RuntimeError(f"cluster not whole after {deadline:g}s: {seen}\n{tails}")
             await asyncio.sleep(0.5)
+
+    async def restore(self, deadline: float = 120.0) -> None:
+        """Bring back whatever an earlier fault left down: links up, nodes started, apps started."""
+        for node in self.nodes:
+            self.heal(node)
+        for node in self.nodes:
+            if node.pid() is None or not _alive(node.pid() or 0):
+                await self.start_node(node, deadline)
+            elif not await self.app_running(node):
+                with contextlib.suppress(RuntimeError):  # a paused node restarts it itself
+                    await node.ctl("start_app")
+        await self.await_running(deadline)
 
     async def app_running(self, node: ClusterNode) -> bool:
         """Whether ``node``'s rabbit application runs (false while it is paused or stopped)."""

@@ -11,14 +11,15 @@ Redis store. Each fault is one run: fresh queues (their leader on node 1,
 replicated on all three), two workers (three for the partition) given the
 three nodes in ``SEMEL_AMQP_URL``, worker 0 on node 1 and another worker on
 another node, N messages (default 2000) of which 40 % are duplicates,
-published at R a second (default 100) by a producer that sends each message
+published at R a second (default 100; 50 for ``rolling``, so that every
+node's restart meets traffic) by a producer that sends each message
 again until the cluster confirms it. The faults (:mod:`tests.cluster.faults`):
 
 - ``leader-kill``: node 1, which holds the work queue's leader, is
   SIGKILLed at a quarter of the flow and started again 5 s later;
-- ``rolling``: each node in turn, node 1 first, is stopped with
-  ``rabbitmqctl stop_app`` for 5 s and started again, as a rolling upgrade
-  does it, while the traffic flows;
+- ``rolling``: from 8 % of the flow, each node in turn, node 1 first, is
+  stopped with ``rabbitmqctl stop_app`` for 5 s and started again, as a
+  rolling upgrade does it, while the traffic flows;
 - ``partition``: node 1's network link goes down (its peers and every client
   outside its namespace stop hearing from it, nothing is reset) until it has
   paused itself (``pause_minority``), the queue's leader has moved, and a
@@ -71,11 +72,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--faults", type=_faults, default=CHOICES, help="comma-separated, or all")
     parser.add_argument("--messages", type=int, default=2000, help="messages per run (2000)")
-    parser.add_argument("--rate", type=float, default=100.0, help="messages per second (100)")
+    parser.add_argument(
+        "--rate", type=float, help="messages per second (100; 50 for rolling, to span it)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", type=Path, help="keep ledgers and worker logs here")
     args = parser.parse_args(argv)
-    if args.messages < 100 or args.rate <= 0:
+    if args.messages < 100 or (args.rate is not None and args.rate <= 0):
         parser.error("need --messages >= 100 and --rate > 0")
     return args
 

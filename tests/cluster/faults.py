@@ -49,8 +49,14 @@ class FaultRecord:
 
     began: float = 0.0  # wall clock
     ended: float = 0.0
+    traffic_ended: float = 0.0  # when the producer had sent its last copy
     events: list[tuple[float, str]] = field(default_factory=list)
     moved_after: dict[int, float | None] = field(default_factory=dict)  # slot -> seconds
+
+    def during_traffic(self, what: str) -> bool:
+        """Whether every event naming ``what`` came before the traffic ended."""
+        times = [self.began + at for at, event in self.events if what in event]
+        return bool(times) and all(t < self.traffic_ended for t in times)
 
     def note(self, what: str) -> None:
         at = time.time() - self.began

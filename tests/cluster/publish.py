@@ -82,6 +82,7 @@ async def publish_through_a_node_death(
     cluster: RabbitCluster, workdir: Path, count: int = 3000, rate: float = 300.0
 ) -> PublishProof:
     began = time.monotonic()
+    await cluster.restore()  # whole, whatever an earlier run left
     run = uuid.uuid4().hex[:8]
     settings = _settings(cluster, run, workdir)
     first = cluster.nodes[0]

@@ -68,20 +68,34 @@ class ClusterConfig:
     fault: str
     messages: int = 2000
     duplicates: float = 0.4  # share of the messages that are copies
-    rate: float = 100.0  # messages per second, copies included
+    # Messages per second, copies included; None: 100, or 50 for a rolling
+    # restart, whose three restarts take about 30 s and must all meet traffic.
+    rate: float | None = None
     seed: int = 1
     prefetch: int = 32
     lock_ttl: float = 2.5
     conflict_delay: float = 0.75
     retry_delays: tuple[float, ...] = (0.25, 0.75)
     down: float = 5.0  # seconds a killed or stopped node stays down
-    fault_at: float = 0.25  # share of the flow before the fault
+    fault_at: float | None = None  # share of the flow before the fault; None: 0.25 (0.08 rolling)
     drain_deadline: float = 120.0
     keep: Path | None = None  # copy the ledger and worker logs here
 
     @property
     def workers(self) -> int:
         return 3 if self.fault == PARTITION else 2
+
+    @property
+    def pace(self) -> float:
+        if self.rate is not None:
+            return self.rate
+        return 50.0 if self.fault == ROLLING else 100.0
+
+    @property
+    def start_at(self) -> float:
+        if self.fault_at is not None:
+            return self.fault_at
+        return 0.08 if self.fault == ROLLING else 0.25
 
 
 @dataclass(slots=True)
@@ -181,6 +195,7 @@ async def run_cluster(config: ClusterConfig, cluster: RabbitCluster) -> ClusterR
     rng = random.Random(config.seed)
     run = f"k{uuid.uuid4().hex[:8]}"
     first, second, _third = cluster.nodes
+    await cluster.restore()  # whole, whatever an earlier run left
     async with contextlib.AsyncExitStack() as stack:
         workdir = private_dir("semel-cluster-run-")
         stack.callback(shutil.rmtree, workdir, True)
@@ -215,7 +230,7 @@ async def run_cluster(config: ClusterConfig, cluster: RabbitCluster) -> ClusterR
         await observer.close()  # the fault may take its node: a fresh one drains
 
         orders = plan(config.messages, config.duplicates, run, rng)
-        flow = sum(1 + order.copies for order in orders) / config.rate
+        flow = sum(1 + order.copies for order in orders) / config.pace
         log.info("%s: %d workers on %s; publishing for about %.0fs", config.fault,
                  config.workers, placed, flow)  # fmt: skip
         supervisor = asyncio.create_task(pool.supervise())
@@ -224,8 +239,9 @@ async def run_cluster(config: ClusterConfig, cluster: RabbitCluster) -> ClusterR
         record = FaultRecord()
         try:
             producing = asyncio.ensure_future(
-                produce(publisher, orders, config.rate, done_checker(store), rng)
+                produce(publisher, orders, config.pace, done_checker(store), rng)
             )
+            producing.add_done_callback(lambda _: setattr(record, "traffic_ended", time.time()))
             fault = _fault(config, cluster, settings, endpoints, placed, record, flow)
             await asyncio.gather(producing, fault)
             sent = producing.result()
@@ -267,7 +283,21 @@ async def _fault(
     record: FaultRecord,
     flow: float,
 ) -> None:
-    await asyncio.sleep(config.fault_at * flow)
+    await asyncio.sleep(config.start_at * flow)
+    try:
+        await _inject(config, cluster, settings, endpoints, placed, record)
+    except Exception as exc:  # what the fault saw before it failed is the evidence
+        raise RuntimeError(f"{config.fault}: {exc}\nuntil then: {record.detail}") from exc
+
+
+async def _inject(
+    config: ClusterConfig,
+    cluster: RabbitCluster,
+    settings: Settings,
+    endpoints: dict[int, Endpoint],
+    placed: dict[int, str],
+    record: FaultRecord,
+) -> None:
     first = cluster.nodes[0]
     on_first = {slot: endpoints[slot] for slot, node in placed.items() if node == first.address}
     if config.fault == LEADER_KILL:

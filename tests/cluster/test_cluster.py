@@ -116,6 +116,8 @@ async def test_the_leaders_node_killed_and_restarted_loses_and_repeats_nothing(
     table = assert_sound(report)
     # No worker crashed: the store's claims keep every redelivered copy from running again.
     assert report.verdict.duplicates == [], table
+    assert report.record.during_traffic("SIGKILLed"), table
+    assert report.record.during_traffic("started again"), table
     assert report.record.moved_after[0] is not None, table
     assert (report.failovers[0] or 0) >= 1, table
 
@@ -129,6 +131,7 @@ async def test_a_rolling_restart_loses_and_repeats_nothing(
     table = assert_sound(report)
     assert report.verdict.duplicates == [], table
     assert sum(1 for _, what in report.record.events if "start_app" in what) == 3, table
+    assert report.record.during_traffic("stop_app"), table  # every node stopped mid-traffic
     assert sum(value or 0 for value in report.failovers.values()) >= 2, table
 
 
@@ -141,6 +144,7 @@ async def test_a_partition_loses_nothing_and_repeats_only_what_the_lease_cannot_
     table = assert_sound(report)
     # Every duplicate effect is a worker cut off with the node, whose lease ran out.
     assert report.verdict.count("unexplained") == 0, table
+    assert report.record.during_traffic("link down"), table
     events = [what for _, what in report.record.events]
     assert any("paused itself" in what for what in events), table
     assert report.record.ended - report.record.began > NET_TICKTIME, table
