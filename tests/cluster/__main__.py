@@ -50,12 +50,12 @@ import asyncio
 import logging
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from rich.console import Console
 
-from tests.chaos.processes import private_dir
 from tests.cluster.faults import FAULTS
 from tests.cluster.publish import PublishProof, publish_through_a_node_death
 from tests.cluster.run import ClusterConfig, ClusterReport, run_cluster
@@ -104,7 +104,8 @@ async def run_all(
     try:
         for fault in args.faults:
             if fault == PUBLISH:
-                proof = await publish_through_a_node_death(cluster, private_dir("semel-pub-"))
+                with tempfile.TemporaryDirectory(prefix="semel-pub-") as workdir:
+                    proof = await publish_through_a_node_death(cluster, Path(workdir))
                 continue
             config = ClusterConfig(
                 fault=fault, messages=args.messages, rate=args.rate, seed=args.seed, keep=args.keep
