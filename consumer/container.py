@@ -192,12 +192,13 @@ class Container(containers.DeclarativeContainer):
     rules = providers.Singleton(message_rules, settings)
     logs = providers.Singleton(log_setup, settings)
 
-    # The worker's connection is robust and waits for a broker that is away;
-    # a command's connects once and reports failure at once.
+    # The worker's connection is robust, waits for a broker that is away and
+    # moves to another node when it loses its own; a command's tries each
+    # address once and reports failure at once.
     connection = providers.Resource(
-        open_connection, settings.provided.amqp_url, settings.provided.broker_give_up
+        open_connection, settings.provided.amqp_addresses, settings.provided.broker_give_up
     )
-    tool_connection = providers.Resource(open_tool_connection, settings.provided.amqp_url)
+    tool_connection = providers.Resource(open_tool_connection, settings.provided.amqp_addresses)
 
     # Operations: the worker sees the store and the handler through meters,
     # and its pipeline reports to an observer (metrics, plus spans when

@@ -15,6 +15,8 @@ from urllib.parse import urlsplit
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from settings.amqp import amqp_addresses as parse_addresses
+
 PREFIX = "SEMEL_"
 
 
@@ -156,7 +158,13 @@ class Settings(BaseSettings):
     @field_validator("amqp_url")
     @classmethod
     def _amqp(cls, value: str) -> str:
-        return _check_url(value, ("amqp", "amqps"))
+        parse_addresses(value)  # one address or a cluster's: see settings.amqp
+        return value
+
+    @property
+    def amqp_addresses(self) -> tuple[str, ...]:
+        """The broker addresses of ``SEMEL_AMQP_URL``, one URL per node."""
+        return parse_addresses(self.amqp_url)
 
     @field_validator("postgres_dsn")
     @classmethod

@@ -91,7 +91,11 @@ def publish_command(
     ] = None,
     as_json: Annotated[bool, Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
-    """Publish test messages with publisher confirms; exit 1 if any was returned or nacked.
+    """Publish test messages with publisher confirms; exit 1 unless every one was confirmed.
+
+    A publish left without an answer (the broker node lost, say) stops the
+    run; the summary counts it failed (--json lists its key) and the rest
+    not sent.
 
     Bad inputs for --bad: not-json, invalid-utf8, empty-body, json-array,
     json-scalar, too-large, missing-key, empty-key, long-key,
@@ -126,6 +130,8 @@ def publish_command(
         echo_json(asdict(report) | {"key_prefix": None if key else plan.key_prefix})
     else:
         typer.echo(report.summary())
+    if report.error is not None:  # the summary says how many; this line says why
+        fail(f"broker: {report.error}")
     if not report.ok:
         raise typer.Exit(EXIT_FAILURE)
 

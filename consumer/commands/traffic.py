@@ -41,6 +41,7 @@ class Outgoing:
     headers: dict[str, Any]
     message_id: str | None = None  # None: the client gives every publish its own id
     content_type: str = JSON_CONTENT_TYPE
+    key: str | None = None  # the idempotency key it carries, for the report; None: none
 
     def to_message(self) -> aio_pika.Message:
         # Persistent and mandatory: publish_confirmed sends every message so.
@@ -126,7 +127,7 @@ class _Builder:
                 raise PlanError("SEMEL_KEY_SOURCE=body:... needs a JSON object body")
             body = _drop_path(body, where.name) if missing else _set_path(body, where.name, key)
         encoded = orjson.dumps(body) if raw is None else raw
-        return Outgoing(encoded, headers, message_id, content_type)
+        return Outgoing(encoded, headers, message_id, content_type, None if missing else str(key))
 
     def good(self, key: str) -> list[Outgoing]:
         return [self.message(self.body_for(key), key)]
@@ -200,12 +201,22 @@ def build_messages(
 
 @dataclass(slots=True)
 class PublishReport:
-    """What the broker said about a run's publishes."""
+    """What the broker said about a run's publishes: every message has one outcome.
+
+    ``published`` = ``confirmed`` + ``returned`` + ``nacked`` + ``failed``;
+    ``not_sent`` are the messages after the first failure, never published.
+    """
 
     published: int = 0
     confirmed: int = 0
     returned: int = 0  # unroutable: no queue bound for the routing key
     nacked: int = 0  # the broker refused to take responsibility
+    # Published without an answer (the connection was lost, the confirm never
+    # came): in the queue or not, nobody knows. Their keys, so they can be sent again.
+    failed: int = 0
+    not_sent: int = 0
+    failed_keys: list[str] = field(default_factory=list)
+    error: str | None = None  # why the first publish failed
 
     def count(self, answer: Published) -> None:
         if answer is Published.CONFIRMED:
@@ -215,15 +226,25 @@ class PublishReport:
         else:
             self.nacked += 1
 
+    def count_failed(self, message: Outgoing, error: Exception) -> None:
+        self.failed += 1
+        if message.key is not None:
+            self.failed_keys.append(message.key)
+        if self.error is None:
+            self.error = f"{type(error).__name__}: {error}".rstrip(": ")
+
     @property
     def ok(self) -> bool:
-        return self.returned == 0 and self.nacked == 0
+        return self.returned == self.nacked == self.failed == self.not_sent == 0
 
     def summary(self) -> str:
-        return (
+        text = (
             f"published {self.published}, confirmed {self.confirmed}, "
             f"returned {self.returned}, nacked {self.nacked}"
         )
+        if self.failed or self.not_sent:
+            text += f", failed {self.failed} (no answer), not sent {self.not_sent}"
+        return text
 
 
 class _Window:
@@ -238,7 +259,7 @@ class _Window:
         # The client matches a returned message to its publish by message id,
         # so two publishes sharing an id (the key as message id) never overlap.
         self.by_id: dict[str, asyncio.Task[None]] = {}
-        self.failures: list[Exception] = []
+        self.failing = False  # a publish got no answer: send nothing more
 
     async def submit(self, message: Outgoing, on_settled: Callable[[], None]) -> bool:
         """Start one publish once a slot is free; ``False`` after a failure."""
@@ -246,7 +267,7 @@ class _Window:
         if earlier is not None:
             await asyncio.wait([earlier])
         await self.slots.acquire()
-        if self.failures:
+        if self.failing:
             self.slots.release()
             return False
         task = asyncio.create_task(self._send(message, on_settled))
@@ -260,8 +281,9 @@ class _Window:
     async def _send(self, message: Outgoing, on_settled: Callable[[], None]) -> None:
         try:
             answer = await publish_confirmed(self.exchange, message.to_message(), self.routing_key)
-        except Exception as exc:  # no answer: re-raised by drain(), once nothing is in flight
-            self.failures.append(exc)
+        except Exception as exc:  # no answer: counted, and the run stops
+            self.failing = True
+            self.report.count_failed(message, exc)
         else:
             self.report.count(answer)
         finally:
@@ -271,8 +293,6 @@ class _Window:
     async def drain(self) -> PublishReport:
         if self.pending:
             await asyncio.wait(self.pending)
-        if self.failures:
-            raise self.failures[0]
         return self.report
 
 
@@ -287,9 +307,11 @@ async def publish_all(
 ) -> PublishReport:
     """Publish ``messages`` in order, confirmed and mandatory; count the outcomes.
 
-    ``rate`` caps messages per second (0: as fast as confirms allow). Any
-    error other than a return or a nack (channel closed, confirm timeout)
-    stops the run and is raised once the publishes in flight have settled.
+    ``rate`` caps messages per second (0: as fast as confirms allow). A
+    publish that gets no answer (connection lost, channel closed, confirm
+    timeout) stops the run: the publishes in flight settle, each confirmed
+    or counted failed, and the rest are counted not sent. Nothing is left
+    without an outcome, so nothing confirmed-looking can be silently lost.
     """
     in_flight = _Window(exchange, routing_key, window)
     loop = asyncio.get_running_loop()
@@ -299,4 +321,6 @@ async def publish_all(
             await asyncio.sleep(max(0.0, started + index / rate - loop.time()))
         if not await in_flight.submit(message, on_settled):
             break
-    return await in_flight.drain()
+    report = await in_flight.drain()
+    report.not_sent = len(messages) - report.published
+    return report

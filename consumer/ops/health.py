@@ -1,7 +1,9 @@
 """What ``/healthz`` and ``/readyz`` answer.
 
 Alive is the process answering at all. Ready is: the broker connection is
-open, and the store answered within the last few seconds. Every store call
+open, and the store answered within the last few seconds. Readiness also
+names the broker node the connection is on (``host:port``), which changes
+when the worker moves to another node of a cluster. Every store call
 of the worker counts as an answer (see :class:`consumer.ops.metered.Pulse`), so
 the store is pinged only when it has been quiet for ``PING_INTERVAL``, each
 ping bounded by ``PING_TIMEOUT``. Readiness therefore turns false within
@@ -18,6 +20,7 @@ import time
 import structlog
 from aio_pika.abc import AbstractConnection
 
+from consumer.broker.connection import ClusterConnection
 from consumer.ops.metered import MeteredStore
 from stores.errors import StoreUnavailable
 
@@ -53,6 +56,13 @@ class Health:
     def readiness(self) -> dict[str, bool]:
         """``{"broker": up, "store": up}``."""
         return {"broker": self._broker_up(), "store": self._store_up()}
+
+    def broker_node(self) -> str | None:
+        """``host:port`` of the broker node connected to; None while the broker is down."""
+        connection = self._connection
+        if not isinstance(connection, ClusterConnection) or not self._broker_up():
+            return None
+        return connection.node
 
     def _broker_up(self) -> bool:
         connection = self._connection

@@ -56,9 +56,9 @@ class OperationsServer:
         if path == "/readyz":
             checks = self._health.readiness()
             ready = all(checks.values())
-            body = {"status": "ready" if ready else "not ready"} | {
-                name: "up" if up else "down" for name, up in checks.items()
-            }
+            body: dict[str, str | None] = {"status": "ready" if ready else "not ready"}
+            body |= {name: "up" if up else "down" for name, up in checks.items()}
+            body["node"] = self._health.broker_node()
             status = HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE
             return status, _JSON, orjson.dumps(body)
         return HTTPStatus.NOT_FOUND, _JSON, b'{"error":"not found"}'

@@ -18,7 +18,6 @@ from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
 
-from aio_pika.abc import AbstractRobustConnection
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -28,6 +27,7 @@ from prometheus_client import (
     ProcessCollector,
 )
 
+from consumer.broker.connection import ClusterConnection
 from consumer.delivery.decide import Applied, DeadLetter, Result, Settle, is_takeover
 from consumer.delivery.facts import Delivery
 from consumer.delivery.handler import Context, Handler, is_async
@@ -129,6 +129,11 @@ class Metrics:
             "Times the broker connection was re-established after a loss.",
             registry=r,
         )
+        self.broker_failovers = Counter(
+            "semel_broker_failovers_total",
+            "Times the broker connection was re-established on another node than the one it lost.",
+            registry=r,
+        )
 
     def store_meters(self, backend: str) -> StoreMeters:
         """The duration and error children of ``backend``, one per operation."""
@@ -137,10 +142,11 @@ class Metrics:
             {op: self._store_errors.labels(op, backend) for op in STORE_OPERATIONS},
         )
 
-    def count_reconnects(self, connection: AbstractRobustConnection) -> None:
-        """Count every reconnect of ``connection`` (aio-pika calls back after each)."""
-        counter = self.broker_reconnects
-        connection.reconnect_callbacks.add(lambda _connection: counter.inc())
+    def count_reconnects(self, connection: ClusterConnection) -> None:
+        """Count every reconnect of ``connection``, and those that moved to another node."""
+        reconnects, failovers = self.broker_reconnects, self.broker_failovers
+        connection.reconnect_callbacks.add(lambda _connection: reconnects.inc())
+        connection.failover_callbacks.add(lambda _connection: failovers.inc())
 
 
 def timed(handler: Handler, metrics: Metrics) -> Handler:

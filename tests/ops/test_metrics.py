@@ -77,6 +77,7 @@ async def test_a_scrape_during_a_run_counts_what_was_sent(
         assert samples.get("semel_fence_rejections_total", operation=operation) == 0
     assert samples.get("semel_lease_takeovers_total") == 0  # retries are not takeovers
     assert samples.get("semel_broker_reconnects_total") == 0
+    assert samples.get("semel_broker_failovers_total") == 0
 
 
 async def test_a_lease_that_runs_out_shows_as_a_takeover_and_a_fence_rejection(

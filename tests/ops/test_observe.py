@@ -93,7 +93,11 @@ def test_every_series_exists_at_zero_before_any_message() -> None:
         assert value("semel_messages_total", labels) == 0
     for operation in ("complete", "release", "fail", "heartbeat"):
         assert value("semel_fence_rejections_total", {"operation": operation}) == 0
-    for name in ("semel_lease_takeovers_total", "semel_broker_reconnects_total"):
+    for name in (
+        "semel_lease_takeovers_total",
+        "semel_broker_reconnects_total",
+        "semel_broker_failovers_total",
+    ):
         assert value(name) == 0
     assert value("semel_deliveries_in_flight") == 0
     assert value("semel_handler_duration_seconds_count") == 0

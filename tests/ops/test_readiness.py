@@ -24,12 +24,12 @@ class Readiness:
     def __init__(self, port: int) -> None:
         self.port = port
 
-    async def is_(self, status: int, **checks: str) -> bool:
+    async def is_(self, status: int, **checks: str | None) -> bool:
         response = await http(self.port, "/readyz")
         body = orjson.loads(response.body)
         return response.status == status and all(body[k] == v for k, v in checks.items())
 
-    async def turns(self, status: int, deadline: float, **checks: str) -> float:
+    async def turns(self, status: int, deadline: float, **checks: str | None) -> float:
         """Seconds until ``/readyz`` answers ``status`` with ``checks``."""
         began = time.monotonic()
         await eventually(lambda: self.is_(status, **checks), deadline, f"/readyz {status} {checks}")
@@ -49,9 +49,10 @@ async def test_readiness_follows_the_broker_connection(
     ready = Readiness(settings.metrics_port)
     consumer = await start_consumer(settings)
     try:
-        await ready.turns(200, 10, broker="up", store="up")
+        await ready.turns(200, 10, broker="up", store="up", node=f"127.0.0.1:{proxy.port}")
         await proxy.cut()
         assert await ready.turns(503, TURNS_WITHIN, broker="down", store="up") < TURNS_WITHIN
+        assert await ready.is_(503, node=None)
         assert (await http(settings.metrics_port, "/healthz")).status == 200  # alive all along
         await proxy.start()
         await ready.turns(200, 15, broker="up", store="up")

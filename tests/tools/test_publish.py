@@ -32,6 +32,10 @@ async def test_count_with_duplicates_lands_count_plus_duplicates(
         "confirmed": 130,
         "returned": 0,
         "nacked": 0,
+        "failed": 0,
+        "not_sent": 0,
+        "failed_keys": [],
+        "error": None,
         "key_prefix": None,
     }
     await wait_for_depth(channel, settings.queue, 130)

@@ -1,0 +1,146 @@
+"""semel on a three-node RabbitMQ cluster: node faults under duplicate traffic, and a publisher.
+
+Usage::
+
+    python -m tests.cluster [--faults leader-kill,rolling,partition,publish|all]
+                            [--messages N] [--rate R] [--seed S] [--keep DIR]
+
+It starts a cluster of three RabbitMQ nodes on this machine, each in its own
+network namespace (:mod:`tests.rabbit_cluster`; root needed), and a private
+Redis store. Each fault is one run: fresh queues (their leader on node 1,
+replicated on all three), two workers (three for the partition) given the
+three nodes in ``SEMEL_AMQP_URL``, worker 0 on node 1 and another worker on
+another node, N messages (default 2000) of which 40 % are duplicates,
+published at R a second (default 100; 50 for ``rolling``, so that every
+node's restart meets traffic) by a producer that sends each message
+again until the cluster confirms it. The faults (:mod:`tests.cluster.faults`):
+
+- ``leader-kill``: node 1, which holds the work queue's leader, is
+  SIGKILLed at a quarter of the flow and started again 5 s later;
+- ``rolling``: from 8 % of the flow, each node in turn, node 1 first, is
+  stopped with ``rabbitmqctl stop_app`` for 5 s and started again, as a
+  rolling upgrade does it, while the traffic flows;
+- ``partition``: node 1's network link goes down (its peers and every client
+  outside its namespace stop hearing from it, nothing is reset) until it has
+  paused itself (``pause_minority``), the queue's leader has moved, and a
+  worker connected to it from outside has given it up; then the link comes
+  up. Worker 0 runs beside node 1, inside its namespace: the partition cuts
+  it off from the other nodes and from the store;
+- ``publish``: ``semel publish --count 3000 --rate 300`` against the cluster;
+  the node its connection is on is SIGKILLed once 30 % are in the queue.
+
+Then it waits until every key is completed or dead-lettered and prints one
+table. A ledger outside the store records every handler execution (the
+chaos run's, :mod:`tests.chaos.ledger`): *lost* counts keys neither completed
+nor in ``Q.dlq``; a key with two effects is a *duplicate effect*, and one is
+explained only when its worker was cut off from the store by the partition,
+could not store the completion, and its lease ran out (*lease expired while
+cut off*). Anything else is *unexplained*.
+
+Exit status: 0 when every run passes (lost 0, no unexplained duplicate
+effect, no two executions of one key at once, no worker exited, and for the
+publisher every message confirmed or reported failed, every confirmed one in
+the queue); 1 otherwise; 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from tests.cluster.faults import FAULTS
+from tests.cluster.publish import PublishProof, publish_through_a_node_death
+from tests.cluster.run import ClusterConfig, ClusterReport, run_cluster
+from tests.cluster.table import publish_table, runs_table, timelines
+from tests.rabbit_cluster import RabbitCluster, missing
+
+PUBLISH = "publish"
+CHOICES = (*FAULTS, PUBLISH)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.cluster", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--faults", type=_faults, default=CHOICES, help="comma-separated, or all")
+    parser.add_argument("--messages", type=int, default=2000, help="messages per run (2000)")
+    parser.add_argument(
+        "--rate", type=float, help="messages per second (100; 50 for rolling, to span it)"
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--keep", type=Path, help="keep ledgers and worker logs here")
+    args = parser.parse_args(argv)
+    if args.messages < 100 or (args.rate is not None and args.rate <= 0):
+        parser.error("need --messages >= 100 and --rate > 0")
+    return args
+
+
+def _faults(text: str) -> tuple[str, ...]:
+    chosen = {name.strip() for name in text.split(",")}
+    if "all" in chosen:
+        return CHOICES
+    unknown = chosen - set(CHOICES)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown: {', '.join(sorted(unknown))}")
+    return tuple(choice for choice in CHOICES if choice in chosen)
+
+
+async def run_all(
+    args: argparse.Namespace,
+) -> tuple[float, list[ClusterReport], PublishProof | None]:
+    cluster = await RabbitCluster.start()
+    logging.getLogger("semel.cluster").info(
+        "cluster up in %.1fs: %s", cluster.started_in, cluster.url
+    )
+    reports, proof = [], None
+    try:
+        for fault in args.faults:
+            if fault == PUBLISH:
+                with tempfile.TemporaryDirectory(prefix="semel-pub-") as workdir:
+                    proof = await publish_through_a_node_death(cluster, Path(workdir))
+                continue
+            config = ClusterConfig(
+                fault=fault, messages=args.messages, rate=args.rate, seed=args.seed, keep=args.keep
+            )
+            reports.append(await run_cluster(config, cluster))
+    finally:
+        cluster.stop()
+    return cluster.started_in, reports, proof
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    why = missing()
+    if why is not None:
+        print(f"python -m tests.cluster: {why}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # unwinds: the cluster is removed
+    logging.basicConfig(level=logging.INFO, format="%(relativeCreated)8.0fms %(message)s")
+    for name in ("aiormq", "aio_pika"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    began = time.monotonic()
+    started_in, reports, proof = asyncio.run(run_all(args))
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    console.print(
+        f"cluster start-up: {started_in:.1f} s; everything: {time.monotonic() - began:.0f} s"
+    )
+    if reports:
+        console.print(runs_table(reports))
+        for line in timelines(reports):
+            console.print(line, markup=False)
+    if proof is not None:
+        console.print(publish_table(proof))
+    ok = all(report.ok for report in reports) and (proof is None or proof.ok)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
