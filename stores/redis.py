@@ -1,8 +1,14 @@
-"""The Redis store on one server.
+"""The Redis store on one server: a standalone Redis, or the primary Sentinel names.
 
-A batch (``claim_many`` / ``complete_many``) is one EVALSHA of a script over
+Which one a URL names, and a Redis Cluster too, is :mod:`stores.redis_url`'s
+to read; :func:`open_store` opens the store each needs. On one server a
+batch (``claim_many`` / ``complete_many``) is one EVALSHA of a script over
 all its keys: one round trip and one reply to decode (a script holds the
-server while it runs: a few milliseconds for a few hundred keys).
+server while it runs: a few milliseconds for a few hundred keys). Under
+Sentinel the pool asks the sentinels where the primary is for every new
+connection and drops one to a demoted primary, so after a failover, which
+the consumer waits out as an outage, the store is on the new primary by
+itself (:mod:`stores.redis_pools`).
 """
 
 from __future__ import annotations
@@ -10,15 +16,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import ConnectionPool, Redis
 
 from stores.base import Store, StoreConfig
 from stores.errors import StoreMisconfigured
 from stores.redis_base import Call, RedisScripts
+from stores.redis_cluster import RedisClusterStore
 from stores.redis_errors import CLUSTER
 from stores.redis_eval import Script, ScriptCall
-from stores.redis_pools import COMMAND_TIMEOUT, server_pool
+from stores.redis_pools import (
+    COMMAND_TIMEOUT,
+    BlockingSentinelPool,
+    close_sentinels,
+    sentinel_pool,
+    server_pool,
+)
 from stores.redis_setup import NO_PERSISTENCE, server_facts, warnings_of
+from stores.redis_url import Mode, parse
 
 __all__ = ["COMMAND_TIMEOUT", "NO_PERSISTENCE", "RedisStore", "open_store"]
 
@@ -54,15 +68,28 @@ class RedisStore(RedisScripts):
 
     async def close(self) -> None:
         await self._client.aclose()
+        if isinstance(self._pool, BlockingSentinelPool):
+            await close_sentinels(self._pool)
 
 
 async def open_store(
     *, url: str, connections: int, config: StoreConfig, replicas_ack: int = 0
 ) -> Store:
-    """A store on ``url`` (redis://, rediss:// or unix://), pooling up to ``connections``;
-    every write waits for ``replicas_ack`` replicas.
+    """A store on ``url`` (see :mod:`stores.redis_url`), pooling up to ``connections``
+    per server; every write waits for ``replicas_ack`` replicas.
 
     Connections open lazily, so an unreachable server surfaces on the first
     operation as :class:`StoreUnavailable`, not here.
     """
-    return RedisStore(config, Redis.from_pool(server_pool(url, connections)), replicas_ack)
+    try:
+        target = parse(url)
+    except ValueError as exc:
+        raise StoreMisconfigured(f"the Redis URL: {exc}") from None
+    if target.mode is Mode.CLUSTER:
+        return RedisClusterStore(config, target, connections, replicas_ack)
+    pool: ConnectionPool
+    if target.mode is Mode.SENTINEL:
+        pool = sentinel_pool(target, connections)
+    else:
+        pool = server_pool(url, connections)
+    return RedisStore(config, Redis.from_pool(pool), replicas_ack)

@@ -1,4 +1,4 @@
-"""Connection pools of the Redis store.
+"""Connection pools of the Redis store: one server, a Sentinel-managed primary, a cluster node.
 
 Every pool blocks a caller for a free connection up to :data:`POOL_WAIT`
 and never resends a command (see :func:`pool_options`). Connections open
@@ -11,8 +11,17 @@ from __future__ import annotations
 from typing import Any
 
 from redis.asyncio import BlockingConnectionPool
+from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import (
+    Sentinel,
+    SentinelConnectionPool,
+    SentinelManagedConnection,
+    SentinelManagedSSLConnection,
+)
 from redis.backoff import NoBackoff
+
+from stores.redis_url import RedisTarget
 
 CONNECT_TIMEOUT = 2.0
 """Seconds to open a connection: a stopped server shows up this fast."""
@@ -41,3 +50,41 @@ def pool_options(connections: int) -> dict[str, Any]:
 def server_pool(url: str, connections: int) -> BlockingConnectionPool:
     """A pool of connections to the one server ``url`` names (a standalone or a cluster node)."""
     return BlockingConnectionPool.from_url(url, **pool_options(connections))
+
+
+class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
+    """Connections to the primary Sentinel names, blocking for a free one like the others.
+
+    Each new connection asks the sentinels where the primary is, and one to a
+    primary demoted under it is closed on its first ``READONLY``: after a
+    failover the pool reconnects to the new primary by itself.
+    """
+
+
+def sentinel_pool(target: RedisTarget, connections: int) -> BlockingSentinelPool:
+    """A pool of connections to ``target``'s primary, found through its sentinels."""
+    kwargs: dict[str, Any] = dict(parse_url(target.node_url(("localhost", 0))))
+    for placeholder in ("host", "port"):
+        kwargs.pop(placeholder, None)
+    tls = kwargs.pop("connection_class", None) is SSLConnection
+    options = pool_options(connections)
+    asking = {
+        # A sentinel that does not answer is skipped for the next one: no resend.
+        k: options[k]
+        for k in ("socket_connect_timeout", "socket_timeout", "retry")
+    }
+    asking |= {k.removeprefix("sentinel_"): v for k, v in target.sentinel_auth.items()}
+    if tls:
+        asking |= {k: v for k, v in kwargs.items() if k.startswith("ssl")}
+        asking["ssl"] = True
+    sentinels = Sentinel(list(target.hosts), sentinel_kwargs=asking)  # type: ignore[no-untyped-call]
+    connection = SentinelManagedSSLConnection if tls else SentinelManagedConnection
+    return BlockingSentinelPool(  # type: ignore[no-untyped-call]
+        target.service, sentinels, connection_class=connection, **options, **kwargs
+    )
+
+
+async def close_sentinels(pool: BlockingSentinelPool) -> None:
+    """Close the pool's connections to the sentinels (the pool's own close leaves them)."""
+    manager: Sentinel = pool.sentinel_manager
+    await manager.aclose()
