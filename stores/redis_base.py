@@ -78,6 +78,7 @@ CLAIM = _lua("common", "record", "claim")
 GET = _lua("common", "record", "get")
 COMPLETE = _lua("common", "fenced", "complete")
 RELEASE = _lua("common", "fenced", "release")
+GIVE_BACK = _lua("common", "fenced", "give_back")
 FAIL = _lua("common", "fenced", "fail")
 HEARTBEAT = _lua("common", "fenced", "heartbeat")
 RESET = _lua("common", "reset")
@@ -205,13 +206,20 @@ class RedisScripts(Store):
         raise error from exc
 
     async def _eval(
-        self, script: Script, keys: Sequence[bytes], args: Sequence[bytes], key: str | None = None
+        self,
+        script: Script,
+        keys: Sequence[bytes],
+        args: Sequence[bytes],
+        key: str | None = None,
+        *,
+        write: bool = True,
     ) -> Any:
-        """One single-key script call: its reply, or its error raised sorted."""
+        """One single-key script call: its reply, or its error raised sorted; a ``write``
+        waits for its replicas."""
         call = (keys[0], pack_script(script, keys, args))
 
         async def run() -> Any:
-            (reply,) = await self._run(script, [call], write=script is not GET)
+            (reply,) = await self._run(script, [call], write=write)
             if isinstance(reply, Exception):
                 raise reply
             return reply
@@ -271,12 +279,17 @@ class RedisScripts(Store):
         return claims
 
     async def _give_back(self, claims: Iterable[Claim]) -> None:
-        """Release the claims a failed batch granted after all, so their keys are free
-        at once rather than when their leases run out. Best effort: else they do."""
+        """Hand back the claims a failed batch granted after all, uncounted (give_back.lua),
+        so their keys are free at once rather than when their leases run out, and an
+        outage never poisons them. Best effort: else their leases run out."""
 
         async def release(claim: Claim) -> None:
+            # Not waiting for replicas: a give-back lost in a failover leaves the key
+            # to its lease, which is all a give-back that did not land does too.
             with contextlib.suppress(StoreError, RedisError, OSError):
-                await self.release(claim.record.key, claim.fence)
+                key, fence = claim.record.key, b"%d" % claim.fence
+                args = [fence, self._retention]
+                await self._eval(GIVE_BACK, [self._key(key)], args, key, write=False)
 
         granted = [release(c) for c in claims if c.outcome is Outcome.CLAIMED]
         await asyncio.gather(*granted)
@@ -341,7 +354,7 @@ class RedisScripts(Store):
         return await self._fenced(HEARTBEAT, key, b"%d" % fence, *self._heartbeat_args)
 
     async def get(self, key: str) -> Record | None:
-        reply = await self._eval(GET, [self._key(key)], (), key)
+        reply = await self._eval(GET, [self._key(key)], (), key, write=False)
         if reply is None:
             return None
         now, answer = orjson.loads(reply)
