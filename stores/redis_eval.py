@@ -107,9 +107,13 @@ async def run_scripts(
     replies, acked = await _round(pool, calls, wait, as_eval=False)
     unknown = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
     if unknown:
-        again, acked = await _round(pool, [calls[i] for i in unknown], wait, as_eval=True)
+        again, acked_again = await _round(pool, [calls[i] for i in unknown], wait, as_eval=True)
         for i, reply in zip(unknown, again, strict=True):
             replies[i] = reply
+        # The second round may borrow another connection: its WAIT covers its own
+        # writes only, and the first round's covered the calls the server knew.
+        if acked is not None and acked_again is not None:
+            acked = min(acked, acked_again)
     return replies, acked
 
 
@@ -126,14 +130,3 @@ async def _round(
     if any(call.asking for call in calls):
         replies = [r for r, c in zip(replies, commands, strict=False) if c is not ASKING]
     return replies, acked
-
-
-async def evalsha(
-    pool: ConnectionPool, script: Script, command: bytes, wait: bytes | None = None
-) -> tuple[Any, int | None]:
-    """One script call (``command`` from :func:`pack_script`): its reply, raised if an
-    error, and the ``wait``'s reply (see :func:`run_scripts`)."""
-    (reply,), acked = await run_scripts(pool, [ScriptCall(script, command)], wait)
-    if isinstance(reply, ResponseError):
-        raise reply
-    return reply, acked
