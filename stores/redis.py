@@ -6,13 +6,16 @@ batch (``claim_many`` / ``complete_many``) is one EVALSHA of a script over
 all its keys: one round trip and one reply to decode (a script holds the
 server while it runs: a few milliseconds for a few hundred keys). Under
 Sentinel the pool asks the sentinels where the primary is for every new
-connection and drops one to a demoted primary, so after a failover, which
-the consumer waits out as an outage, the store is on the new primary by
-itself (:mod:`stores.redis_pools`).
+connection, asks them again every second, and drops connections to a
+primary they no longer name, so after a failover, which the consumer waits
+out as an outage, the store is on the new primary by itself
+(:mod:`stores.redis_pools`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,6 +50,9 @@ class RedisStore(RedisScripts):
         super().__init__(config, replicas_ack)
         self._client = client
         self._pool = client.connection_pool
+        self._following: asyncio.Task[None] | None = None
+        if isinstance(self._pool, BlockingSentinelPool):
+            self._following = asyncio.get_running_loop().create_task(self._pool.follow())
 
     def _split(self, keys: Sequence[bytes]) -> list[list[int]]:
         return [list(range(len(keys)))]
@@ -67,6 +73,10 @@ class RedisStore(RedisScripts):
         await self._call(self._client.ping)
 
     async def close(self) -> None:
+        if self._following is not None:
+            self._following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._following
         await self._client.aclose()
         if isinstance(self._pool, BlockingSentinelPool):
             await close_sentinels(self._pool)

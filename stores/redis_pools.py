@@ -8,10 +8,12 @@ connection error, not when the pool is made.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 from redis.asyncio import BlockingConnectionPool
-from redis.asyncio.connection import SSLConnection, parse_url
+from redis.asyncio.connection import AbstractConnection, SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import (
     Sentinel,
@@ -20,6 +22,7 @@ from redis.asyncio.sentinel import (
     SentinelManagedSSLConnection,
 )
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
 
 from stores.redis_url import RedisTarget
 
@@ -52,13 +55,36 @@ def server_pool(url: str, connections: int) -> BlockingConnectionPool:
     return BlockingConnectionPool.from_url(url, **pool_options(connections))
 
 
+SENTINEL_POLL = 1.0
+"""Seconds between two questions to the sentinels about where the primary is."""
+
+
 class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
     """Connections to the primary Sentinel names, blocking for a free one like the others.
 
     Each new connection asks the sentinels where the primary is, and one to a
-    primary demoted under it is closed on its first ``READONLY``: after a
-    failover the pool reconnects to the new primary by itself.
+    primary demoted under it is closed on its first ``READONLY``. A primary
+    that is up when a failover demotes it (a planned failover, a partition)
+    accepts writes until the sentinels reconfigure it, seconds later, and its
+    replacement never gets them: :meth:`follow` asks the sentinels every
+    :data:`SENTINEL_POLL` and drops the connections to a primary they no longer
+    name, which bounds that window to about a second (replica
+    acknowledgements close it).
     """
+
+    async def release(self, connection: AbstractConnection) -> None:
+        address = getattr(connection, "host", None), getattr(connection, "port", None)
+        if self.master_address is not None and address != self.master_address:
+            await connection.disconnect()  # to a primary the sentinels no longer name
+        await super().release(connection)
+
+    async def follow(self) -> None:
+        """Ask the sentinels where the primary is, every :data:`SENTINEL_POLL`, for ever;
+        when it moved, idle connections close now and busy ones when released."""
+        while True:
+            await asyncio.sleep(SENTINEL_POLL)
+            with contextlib.suppress(RedisError, OSError):
+                await self.get_master_address()  # type: ignore[no-untyped-call]
 
 
 def sentinel_pool(target: RedisTarget, connections: int) -> BlockingSentinelPool:
