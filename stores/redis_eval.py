@@ -56,6 +56,7 @@ def pack_script(script: Script, keys: Sequence[bytes], args: Sequence[bytes]) ->
 
 
 ASKING = pack(b"ASKING")
+_WAIT_ON_REPLICA = "WAIT cannot be used with replica instances"
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +127,11 @@ async def _round(
     replies = await send(pool, commands)
     acked = replies.pop() if wait is not None else None
     if isinstance(acked, ResponseError):
-        raise acked
+        if not str(acked).startswith(_WAIT_ON_REPLICA):
+            raise acked
+        # A primary demoted under the store: nothing it holds is acknowledged, and
+        # the calls' own replies (MOVED under Cluster) still say where to go.
+        acked = 0
     if any(call.asking for call in calls):
         replies = [r for r, c in zip(replies, commands, strict=False) if c is not ASKING]
     return replies, acked

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from redis.exceptions import MovedError, NoScriptError
+from redis.exceptions import MovedError, NoScriptError, ResponseError
 
 from stores.redis_eval import ASKING, Script, ScriptCall, pack, pack_script, run_scripts
 
@@ -68,3 +68,17 @@ async def test_asking_goes_before_its_call_and_its_answer_is_dropped() -> None:
     assert (replies, acked) == ([b"x", b"y"], None)
     assert pool.sent[0].startswith(ASKING)
     assert pool.sent[1].startswith(ASKING)  # an import's retry needs ASKING again
+
+
+async def test_a_wait_a_demoted_primary_refuses_acknowledges_nothing() -> None:
+    # A cluster replica answers MOVED for the calls and refuses the WAIT: the
+    # redirections still count, and nothing is taken for replicated.
+    moved = MovedError("1 127.0.0.1:7001")
+    refused = ResponseError("WAIT cannot be used with replica instances. Please also note...")
+    pool = Scripted([moved, b"read", refused])
+    replies, acked = await run_scripts(pool, [call(b"a"), call(b"b")], WAIT)  # type: ignore[arg-type]
+    assert (replies, acked) == ([moved, b"read"], 0)
+    # Any other refusal of the WAIT (an ACL, say) is the call's answer.
+    pool = Scripted([b"a", ResponseError("NOPERM no WAIT for you")])
+    with pytest.raises(ResponseError, match="NOPERM"):
+        await run_scripts(pool, [call(b"a")], WAIT)  # type: ignore[arg-type]
