@@ -240,6 +240,17 @@ class Cluster(Topology):
         until(promoted, f"a replica promoted in place of {victim.port}")
         return victim
 
+    def switch_over(self) -> None:
+        """A planned failover: a replica takes its primary's slots over, the primary
+        (still up) becomes its replica; return once the cluster is healthy again."""
+        primary = self.primaries()[0]
+        replica = next(n for n in self.nodes() if n.primary_id == primary.id)
+        with self.server(replica.port).client() as client:
+            client.cluster("FAILOVER")
+        until(lambda: self.server(replica.port).info("replication")["role"] == "master",
+              "the replica promoted")  # fmt: skip
+        self.wait_healthy()
+
     def heal(self, victim: Server) -> None:
         """Start a killed node again: it rejoins as the replica of its successor."""
         victim.start()
@@ -362,6 +373,15 @@ class SentinelSet(Topology):
 
         until(promoted, f"the replica promoted in place of {victim.port}")
         return victim
+
+    def switch_over(self) -> None:
+        """A planned failover (``SENTINEL FAILOVER``): the replica is promoted, the primary
+        (still up) becomes its replica; return once the sentinels agree on it."""
+        before = self.primary_port()
+        with self.sentinels[0].client() as client:
+            client.sentinel_failover(SERVICE)
+        until(lambda: self.primary_port() != before, "the replica promoted")
+        self.wait_watched()
 
     def heal(self, victim: Server) -> None:
         """Start a killed primary again, as the replica of its successor."""

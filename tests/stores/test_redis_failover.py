@@ -27,10 +27,16 @@ T = TypeVar("T")
 
 
 class Stream:
-    """Batches of new keys, each claimed then completed, every call retried until answered."""
+    """Batches of new keys, each claimed then completed, every call retried until answered.
 
-    def __init__(self, store: Store) -> None:
+    With ``acks`` (replica acknowledgements) every answer must hold across the failover;
+    without, a claim a failover lost can make its completion answer False.
+    """
+
+    def __init__(self, store: Store, acks: int) -> None:
         self.store = store
+        self.acks = acks
+        self.claims_lost: list[str] = []
         self.stop = asyncio.Event()
         self.batches = 0
         self.refusals: list[StoreUnavailable] = []
@@ -56,8 +62,9 @@ class Stream:
             for claim, stored in zip(granted, written, strict=True):
                 if stored:
                     self.stored[claim.record.key] = claim.fence
-                else:  # only a retry may find its own earlier completion landed
-                    assert len(self.refusals) > failed_before, claim.record.key
+                elif len(self.refusals) == failed_before:  # not a retry finding its own write
+                    assert not self.acks, f"{claim.record.key}: acknowledged claim lost"
+                    self.claims_lost.append(claim.record.key)
             self.batches += 1
             self.last_answer = time.monotonic()
             await asyncio.sleep(0.02)
@@ -94,7 +101,7 @@ async def test_a_killed_primary_is_an_outage_then_the_store_finds_its_successor(
 ) -> None:
     topology: Cluster | SentinelSet = request.getfixturevalue(backend.replace("-", "_"))
     store = await make_store(lock_ttl=3.0, redis_replicas_ack=acks)
-    stream = Stream(store)
+    stream = Stream(store, acks)
     streaming = asyncio.create_task(stream.run())
     victim = None
     try:
@@ -134,5 +141,39 @@ async def test_a_killed_primary_is_an_outage_then_the_store_finds_its_successor(
         assert lost == []
     print(
         f"{backend} acks={acks}: recovered {recovered_in:.1f}s after the promotion; "
-        f"{len(stream.refusals)} refusals; {len(lost)} of {len(keys)} completions lost"
+        f"{len(stream.refusals)} refusals; {len(lost)} of {len(keys)} completions lost; "
+        f"{len(stream.claims_lost)} claims lost"
+    )
+
+
+@pytest.mark.parametrize("acks", [0, 1])
+@pytest.mark.parametrize("backend", ["redis-cluster", "redis-sentinel"])
+async def test_a_planned_failover_moves_the_store_to_the_new_primary(
+    make_store: StoreFactory, request: pytest.FixtureRequest, backend: str, acks: int
+) -> None:
+    # The old primary stays up, demoted: it answers MOVED (Cluster) once its replica
+    # took over; under Sentinel it takes writes until the sentinels reconfigure it,
+    # which its successor never gets.
+    topology: Cluster | SentinelSet = request.getfixturevalue(backend.replace("-", "_"))
+    store = await make_store(lock_ttl=3.0, redis_replicas_ack=acks)
+    stream = Stream(store, acks)
+    streaming = asyncio.create_task(stream.run())
+    try:
+        await until(lambda: stream.batches >= 5, "the stream flowing")
+        await asyncio.to_thread(topology.switch_over)
+        batches = stream.batches
+        await until(lambda: stream.batches > batches + 5, "the stream flowing again")
+    finally:
+        stream.stop.set()
+        await streaming
+    keys = list(stream.stored)
+    claims = decided(await store.claim_many([ClaimRequest(key, FP) for key in keys]))
+    lost = [c.record.key for c in claims if c.outcome is not Outcome.DUPLICATE]
+    # CLUSTER FAILOVER waits for the replica to catch up; SENTINEL FAILOVER does not,
+    # and the old primary takes writes until the store has seen the switch.
+    if acks or backend == "redis-cluster":
+        assert lost == []
+    print(
+        f"{backend} acks={acks} switch-over: {len(stream.refusals)} refusals; "
+        f"{len(lost)} of {len(keys)} completions lost; {len(stream.claims_lost)} claims lost"
     )
