@@ -20,10 +20,12 @@ from tests import rabbitmq4, redis_servers, servers
 
 POSTGRES_DSN = "postgresql://localhost/test"
 
-# Every store the contract runs against; DynamoDB twice, on two independent servers,
-# and Redis as one server, as a Sentinel-managed primary and as a Cluster.
-REDIS_BACKENDS = ["redis", "redis-sentinel", "redis-cluster"]
-BACKENDS = ["sqlite", "postgres", *REDIS_BACKENDS, "dynamodb-moto", "dynamodb-dynalite"]
+# Every store backend, each on one real server; DynamoDB twice, on two independent servers.
+BACKENDS = ["sqlite", "postgres", "redis", "dynamodb-moto", "dynamodb-dynalite"]
+# Redis also as a Sentinel-managed primary and as a Cluster (tests/redis_servers.py),
+# which the store contract and the Redis tests run on too.
+REDIS_TOPOLOGIES = ["redis-sentinel", "redis-cluster"]
+CONTRACT_BACKENDS = [*BACKENDS, *REDIS_TOPOLOGIES]
 
 
 @pytest.fixture(scope="session")
@@ -154,7 +156,7 @@ def make_settings(request: pytest.FixtureRequest, backend: str, tmp_path: Path) 
         base |= {"store": "postgres", "postgres_dsn": request.getfixturevalue("postgres_server")}
     elif backend == "redis":
         base |= {"store": "redis", "redis_url": request.getfixturevalue("redis_server")}
-    elif backend in REDIS_BACKENDS:
+    elif backend in REDIS_TOPOLOGIES:
         topology = request.getfixturevalue(backend.replace("-", "_"))
         base |= {"store": "redis", "redis_url": topology.url}
     else:

@@ -10,11 +10,11 @@ import pytest
 
 from stores.base import Outcome, Status, Store
 from stores.errors import ResultTooLarge, StoreUnavailable
-from tests.conftest import BACKENDS, SettingsFactory, StoreFactory, open_store
+from tests.conftest import CONTRACT_BACKENDS, SettingsFactory, StoreFactory, open_store
 from tests.fences import clock_us, started_fresh
 from tests.stores.race import assert_one_winner_per_key
 
-pytestmark = [pytest.mark.parametrize("backend", BACKENDS), pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.parametrize("backend", CONTRACT_BACKENDS), pytest.mark.timeout(60)]
 
 FP = "f" * 64
 OTHER_FP = "0" * 64
