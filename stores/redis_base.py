@@ -39,7 +39,6 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeGuard, TypeVar
 
-import orjson
 from redis.asyncio import ConnectionPool
 from redis.exceptions import RedisError
 
@@ -50,14 +49,13 @@ from stores.base import (
     Completion,
     Outcome,
     Record,
-    Status,
     Store,
     StoreConfig,
 )
-from stores.codec import from_epoch_ms
 from stores.errors import KeyRefused, StoreError
-from stores.redis_errors import NotReplicated, foreign, store_error
+from stores.redis_errors import NotReplicated, store_error
 from stores.redis_eval import Script, ScriptCall, pack, pack_script, run_scripts
+from stores.redis_replies import decode_claims, decode_completions, decode_record
 
 WAIT_LIMIT = 2.0
 """Seconds a ``WAIT`` may take at most: its reply must come before the socket's timeout."""
@@ -83,12 +81,6 @@ FAIL = _lua("common", "fenced", "fail")
 HEARTBEAT = _lua("common", "fenced", "heartbeat")
 RESET = _lua("common", "reset")
 
-_WRITTEN = ord("1")  # complete.lua's answer for a key it wrote
-_REFUSED = ord("R")  # and for a key a foreign value holds
-# Looked up per key of a batch; a dict is several times cheaper than Enum(value).
-_STATUS = {s.value: s for s in Status}
-_OUTCOME = {o.value: o for o in Outcome}
-
 Call = tuple[bytes, bytes]
 """One script call: its first key (which names the slot under Cluster) and the packed EVALSHA."""
 
@@ -105,25 +97,6 @@ def wait_timeout(config: StoreConfig) -> float:
     """Seconds a write waits for its replicas: half a store call's deadline, at most
     :data:`WAIT_LIMIT`, so a write that is not replicated still answers in time."""
     return min(config.call_deadline / 2, WAIT_LIMIT)
-
-
-def _record(key: str, now: int, answer: Sequence[Any]) -> Record:
-    """Build a record from a record_json answer (see record.lua for its shape)."""
-    _, pttl, fingerprint, status, fence, claims, lease, result, error, first, updated = answer
-    return Record(
-        key=key,
-        fingerprint=fingerprint,
-        status=_STATUS[status],
-        fence=fence,
-        claims=claims,
-        lease_expires_at=from_epoch_ms(lease),
-        result=result,
-        error=error,
-        first_seen=from_epoch_ms(first),
-        updated_at=from_epoch_ms(updated),
-        # PTTL is -1 when someone removed the expiry by hand: nothing will forget it.
-        expires_at=from_epoch_ms(now + pttl) if pttl >= 0 else None,
-    )
 
 
 class RedisScripts(Store):
@@ -255,28 +228,15 @@ class RedisScripts(Store):
                 if not isinstance(reply, NotReplicated):
                     continue
                 reply = reply.reply
-            decided = self._claims([requests[i] for i in part], reply)
+            decided = decode_claims(
+                [requests[i] for i in part], reply, self._lock_ms, self._live_ms
+            )
             for i, claim in zip(part, decided, strict=True):
                 claims[i] = claim
         if failure is not None:
             await self._give_back(c for c in claims if isinstance(c, Claim))
             self._raise(failure)
         return claims  # type: ignore[return-value]  # every part answered
-
-    def _claims(self, requests: Sequence[ClaimRequest], reply: bytes) -> list[Claim | KeyRefused]:
-        """The claims one script call decided, in order."""
-        now, fresh_fence, *answers = orjson.loads(reply)
-        claims: list[Claim | KeyRefused] = []
-        fresh: Callable[[ClaimRequest], Claim] | None = None
-        for request, answer in zip(requests, answers, strict=True):
-            if answer == 0:
-                fresh = fresh or self._fresh(now, fresh_fence)
-                claims.append(fresh(request))
-            elif type(answer) is str:  # the type of a foreign value at the key
-                claims.append(KeyRefused(request.key, foreign(answer)))
-            else:
-                claims.append(Claim(_OUTCOME[answer[0]], _record(request.key, now, answer)))
-        return claims
 
     async def _give_back(self, claims: Iterable[Claim]) -> None:
         """Hand back the claims a failed batch granted after all, uncounted (give_back.lua),
@@ -294,21 +254,6 @@ class RedisScripts(Store):
         granted = [release(c) for c in claims if c.outcome is Outcome.CLAIMED]
         await asyncio.gather(*granted)
 
-    def _fresh(self, now: int, fence: int) -> Callable[[ClaimRequest], Claim]:
-        """First claims of absent keys at ``now`` (ms) with ``fence``, as claim.lua wrote them."""
-        at = from_epoch_ms(now)
-        lease = from_epoch_ms(now + self._lock_ms)
-        expires = from_epoch_ms(now + self._live_ms)
-
-        def claim(request: ClaimRequest) -> Claim:
-            record = Record(
-                request.key, request.fingerprint, Status.IN_PROGRESS, fence, 1, lease, None, None,
-                at, at, expires,
-            )  # fmt: skip
-            return Claim(Outcome.CLAIMED, record)
-
-        return claim
-
     async def complete_many(self, completions: Sequence[Completion]) -> list[bool | KeyRefused]:
         if not completions:
             return []
@@ -324,22 +269,13 @@ class RedisScripts(Store):
             if isinstance(reply, Exception):  # written or not, the caller retries it all
                 self._raise(reply)
         if len(parts) == 1:
-            return self._completed(completions, replies[0])
+            return decode_completions(completions, replies[0])
         written: list[bool | KeyRefused] = [False] * len(completions)
         for part, reply in zip(parts, replies, strict=True):
-            answers = self._completed([completions[i] for i in part], reply)
+            answers = decode_completions([completions[i] for i in part], reply)
             for i, answer in zip(part, answers, strict=True):
                 written[i] = answer
         return written
-
-    @staticmethod
-    def _completed(completions: Sequence[Completion], reply: bytes) -> list[bool | KeyRefused]:
-        if _REFUSED not in reply:
-            return [flag == _WRITTEN for flag in reply]
-        return [
-            KeyRefused(c.key, foreign()) if flag == _REFUSED else flag == _WRITTEN
-            for c, flag in zip(completions, reply, strict=True)
-        ]
 
     async def _fenced(self, script: Script, key: str, *args: bytes) -> bool:
         return bool(await self._eval(script, [self._key(key)], args, key))
@@ -357,8 +293,7 @@ class RedisScripts(Store):
         reply = await self._eval(GET, [self._key(key)], (), key, write=False)
         if reply is None:
             return None
-        now, answer = orjson.loads(reply)
-        return _record(key, now, answer)
+        return decode_record(key, reply)
 
     async def reset(self, key: str) -> bool:
         return await self._fenced(RESET, key, self._retention)
