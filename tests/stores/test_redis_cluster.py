@@ -17,9 +17,11 @@ from settings import Settings
 from stores.base import ClaimRequest, Completion, Outcome, Status, Store
 from stores.errors import StoreMisconfigured, StoreUnavailable
 from stores.redis_errors import store_error
+from stores.redis_setup import FEW_REPLICAS, NO_PERSISTENCE
 from stores.redis_slots import NOT_A_CLUSTER
 from tests.conftest import SettingsFactory, StoreFactory, open_store, settings_env
-from tests.redis_servers import HOST, Cluster, ClusterNode
+from tests.redis_process import HOST
+from tests.redis_servers import Cluster, ClusterNode
 from tests.stores.race import decided
 
 pytestmark = pytest.mark.timeout(90)
@@ -207,3 +209,16 @@ async def test_a_record_read_back_is_the_one_written(make_store: StoreFactory) -
     assert record is not None
     assert record.status is Status.FAILED
     assert await store.reset(claims[0].record.key)
+
+
+async def test_migrate_asks_every_primary(make_store: StoreFactory, redis_cluster: Cluster) -> None:
+    store = await make_store(redis_replicas_ack=2)
+    said = await store.migrate()
+    primaries = sorted(f"{HOST}:{n.port}" for n in redis_cluster.primaries())
+    # The test nodes keep nothing on disk and have one replica each: both said once,
+    # naming every primary.
+    assert len(said) == 2, said
+    for warning in said:
+        assert warning.endswith(f"(primaries {', '.join(primaries)})"), warning
+    assert said[0].startswith(NO_PERSISTENCE)
+    assert said[1].startswith(FEW_REPLICAS.format(wanted=2, replicas=1))

@@ -13,7 +13,8 @@ from redis.crc import key_slot
 from settings import Settings
 from stores.base import Outcome, Store
 from tests.conftest import REDIS_TOPOLOGIES, SettingsFactory, StoreFactory, open_store, settings_env
-from tests.redis_servers import Cluster, SentinelSet, Server
+from tests.redis_process import Server
+from tests.redis_servers import Cluster, SentinelSet
 
 pytestmark = [pytest.mark.parametrize("backend", REDIS_TOPOLOGIES), pytest.mark.timeout(90)]
 

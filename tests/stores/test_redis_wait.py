@@ -19,7 +19,7 @@ from stores.redis_errors import NotReplicated
 from stores.redis_setup import FEW_REPLICAS
 from tests.conftest import StoreFactory
 from tests.proxy import TcpProxy
-from tests.redis_servers import HOST, Server, Topology, until
+from tests.redis_process import HOST, Server, Topology, until
 from tests.servers import free_port
 from tests.stores.race import decided
 
