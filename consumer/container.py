@@ -84,7 +84,10 @@ def store_options(settings: Settings) -> StoreOptions:
                 **pool,
             },
         ),
-        "redis": ("stores.redis", {"url": settings.redis_url, **pool}),
+        "redis": (
+            "stores.redis",
+            {"url": settings.redis_url, "replicas_ack": settings.redis_replicas_ack, **pool},
+        ),
         "dynamodb": (
             "stores.dynamodb",
             {

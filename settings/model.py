@@ -64,6 +64,46 @@ def _check_url(value: str, schemes: tuple[str, ...]) -> str:
     return value
 
 
+_REDIS_MODES = {"sentinel": "/<service>[/<db>]", "cluster": "[/0]"}
+_REDIS_SCHEMES = (
+    *("redis", "rediss", "unix"),
+    *(f"{s}+{m}" for m in _REDIS_MODES for s in ("redis", "rediss")),
+)
+
+
+def _check_redis_url(value: str) -> str:
+    """One server, a Sentinel-managed primary or a Cluster (stores.redis_url reads the
+    URL; this refuses what it could not read, without ever echoing the URL)."""
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        raise ValueError("not a parsable URL") from None
+    if parts.scheme not in _REDIS_SCHEMES:
+        raise ValueError("scheme must be one of " + ", ".join(f"{s}://" for s in _REDIS_SCHEMES))
+    mode = parts.scheme.partition("+")[2]
+    if not mode:
+        return _check_url(value, _REDIS_SCHEMES)
+    for host in parts.netloc.rpartition("@")[2].split(","):
+        try:
+            if not urlsplit(f"//{host}").hostname:
+                raise ValueError("every host needs a name")
+            urlsplit(f"//{host}").port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError:
+            raise ValueError(
+                f"hosts must read host[:port],host[:port]: {parts.scheme}://"
+                f"[user:password@]host:port,host:port{_REDIS_MODES[mode]}"
+            ) from None
+    path = parts.path.strip("/")
+    if mode == "cluster" and path not in ("", "0"):
+        raise ValueError("a Redis Cluster has only database 0")
+    service, _, db = path.partition("/")
+    if mode == "sentinel" and (not service or (db and not db.isdigit())):
+        raise ValueError(
+            f"needs the monitored primary's name: {parts.scheme}://host:26379/<service>[/<db>]"
+        )
+    return value
+
+
 Seconds = Annotated[float, Field(gt=0)]
 
 
@@ -90,6 +130,8 @@ class Settings(BaseSettings):
     redis_url: str = Field(
         "redis://localhost:6379/0", validation_alias=_env("REDIS_URL", "REDIS_URL")
     )
+    # Replicas every Redis write waits for (WAIT) before it counts as stored.
+    redis_replicas_ack: int = Field(0, ge=0, le=16)
     postgres_table: str = Field("semel_keys", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
     # Handlers write to PostgreSQL in the transaction that completes their key.
     transactional: bool = False
@@ -174,7 +216,7 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis(cls, value: str) -> str:
-        return _check_url(value, ("redis", "rediss", "unix"))
+        return _check_redis_url(value)
 
     @field_validator("dynamodb_endpoint_url")
     @classmethod

@@ -6,8 +6,9 @@ import re
 from urllib.parse import urlsplit, urlunsplit
 
 _MASK = "***"
-# key=value secrets inside libpq keyword DSNs and URL query strings.
-_SECRET_PARAMS = re.compile(r"(?i)\b(password|sslpassword|secret|token)=([^&\s]+)")
+# key=value secrets inside libpq keyword DSNs and URL query strings
+# (sslpassword, a Redis URL's sentinel_password).
+_SECRET_PARAMS = re.compile(r"(?i)\b(\w*password|secret|token)=([^&\s]+)")
 # Any user:password@ that survived (e.g. inside an exception text).
 _USERINFO = re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^:/@\s]*):[^@\s]*@")
 

@@ -8,12 +8,15 @@ their code:
 
 - passes: lost connections and timeouts, a full server (``OOM``), failing
   snapshots (``MISCONF``), a replica (``READONLY``, ``MASTERDOWN``),
-  ``LOADING``, a long script (``BUSY``), too few replicas (``NOREPLICAS``),
-  a resharding or failing cluster (``TRYAGAIN``, ``CLUSTERDOWN``):
-  :class:`StoreUnavailable`, the consumer waits and loses nothing;
+  ``LOADING``, a long script (``BUSY``), too few replicas (``NOREPLICAS``,
+  or a ``WAIT`` not met: :class:`NotReplicated`), a resharding or failing
+  cluster (``TRYAGAIN``, ``CLUSTERDOWN``, and under ``redis+cluster://``
+  ``MOVED`` / ``ASK`` still answered after the redirections the store
+  follows): :class:`StoreUnavailable`, the consumer waits and loses nothing;
 - the operator's to fix: credentials (``NOAUTH``, ``WRONGPASS``), an ACL
-  (``NOPERM``), a Redis Cluster (``MOVED``, ``ASK``, ``CROSSSLOT``), a
-  command disabled or renamed (``unknown command``): :class:`StoreMisconfigured`;
+  (``NOPERM``), a Redis Cluster reached by a ``redis://`` URL (``MOVED``,
+  ``ASK``, ``CROSSSLOT``), a command disabled or renamed (``unknown
+  command``): :class:`StoreMisconfigured`;
 - ``WRONGTYPE`` from a single-key script: a foreign value at that key,
   :class:`KeyRefused` (the batch scripts answer such a key themselves).
 
@@ -22,6 +25,8 @@ trouble and goes through as it came.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from redis.exceptions import (
     AskError,
@@ -42,6 +47,22 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from stores.errors import KeyRefused, StoreError, StoreMisconfigured, StoreUnavailable
 
+
+class NotReplicated(RedisError):
+    """Fewer replicas than asked acknowledged a write within the ``WAIT`` timeout.
+
+    The write stands on the primary, which may lose it in a failover: the call
+    counts as the store being away, never as a write that is safe. ``reply``
+    is what the script answered, so granted claims can be given back.
+    """
+
+    def __init__(self, acked: int, wanted: int, timeout_ms: int, reply: Any = None) -> None:
+        super().__init__(
+            f"{acked} of {wanted} replicas acknowledged the write within {timeout_ms} ms"
+        )
+        self.reply = reply
+
+
 # AuthenticationError is a ConnectionError, so these are looked at first.
 # MovedError is an AskError.
 _CREDENTIALS = (AuthenticationError, AuthenticationWrongNumberOfArgsError)
@@ -50,6 +71,7 @@ _CLUSTER = (AskError, ClusterCrossSlotError)
 # A peer that does not speak RESP (a proxy, a TLS port reached in clear) fails
 # as InvalidResponse: no store either until fixed.
 _PASSING = (
+    NotReplicated,
     RedisConnectionError,
     RedisTimeoutError,
     InvalidResponse,
@@ -64,6 +86,7 @@ _PASSING_CODES = frozenset(
     | {"TRYAGAIN", "CLUSTERDOWN"}  # a cluster resharding or failing over
 )
 _CLUSTER_CODES = frozenset({"MOVED", "ASK", "CROSSSLOT"})
+_REDIRECT_CODES = frozenset({"MOVED", "ASK"})
 _CREDENTIALS_CODES = frozenset({"NOAUTH", "WRONGPASS"})
 # Messages after the ERR code, which redis-py strips: a command the server
 # lacks, sent by the client or called from a script; and an ACL refusing a
@@ -77,8 +100,8 @@ NO_PERMISSION = (
     "its scripts TIME, EXISTS, TYPE, HMGET, HSET, HDEL, PEXPIRE and PTTL on its key prefix"
 )
 CLUSTER = (
-    "a Redis Cluster answered; semel needs one server holding every key: "
-    "a standalone Redis, or one failed over by Sentinel"
+    "a Redis Cluster node answered a redis:// URL; reach a cluster with "
+    "redis+cluster://host:port[,host:port...]"
 )
 UNKNOWN_COMMAND = "the Redis server lacks a command semel needs (disabled or renamed)"
 
@@ -94,12 +117,16 @@ def error_code(exc: ResponseError) -> str:
     return code or str(exc).partition(" ")[0]
 
 
-def misconfiguration(exc: BaseException) -> str | None:
-    """What the operator must fix when ``exc`` says the server is not set up for semel."""
+def misconfiguration(exc: BaseException, cluster: bool = False) -> str | None:
+    """What the operator must fix when ``exc`` says the server is not set up for semel.
+
+    With ``cluster`` the store speaks Redis Cluster: a redirection is a slot
+    on the move, and a script spanning slots a bug of semel's, raised as is.
+    """
     if isinstance(exc, _CREDENTIALS):
         return CREDENTIALS
     if isinstance(exc, _CLUSTER):
-        return CLUSTER
+        return None if cluster else CLUSTER
     if isinstance(exc, NoPermissionError):
         return NO_PERMISSION
     if not isinstance(exc, ResponseError):
@@ -108,7 +135,7 @@ def misconfiguration(exc: BaseException) -> str | None:
     if code in _CREDENTIALS_CODES:
         return CREDENTIALS
     if code in _CLUSTER_CODES:
-        return CLUSTER
+        return None if cluster else CLUSTER
     message = str(exc).lower()
     if code == "NOPERM" or message.startswith(_DENIED_IN_SCRIPT):
         return NO_PERMISSION
@@ -117,23 +144,29 @@ def misconfiguration(exc: BaseException) -> str | None:
     return None
 
 
-def passes(exc: BaseException) -> bool:
+def passes(exc: BaseException, cluster: bool = False) -> bool:
     """Whether ``exc`` is a condition that passes: the server is down, full, busy or moving."""
-    if isinstance(exc, _PASSING):
+    if isinstance(exc, _PASSING) or (cluster and isinstance(exc, AskError)):
         return True
-    return isinstance(exc, ResponseError) and error_code(exc) in _PASSING_CODES
+    if not isinstance(exc, ResponseError):
+        return False
+    code = error_code(exc)
+    return code in _PASSING_CODES or (cluster and code in _REDIRECT_CODES)
 
 
-def store_error(backend: str, exc: RedisError | OSError, key: str | None) -> StoreError | None:
+def store_error(
+    backend: str, exc: RedisError | OSError, key: str | None, cluster: bool = False
+) -> StoreError | None:
     """The store error ``exc`` stands for; ``None`` for none of the server's known refusals.
 
-    ``key`` is the one key of a single-key script, which ``WRONGTYPE`` refuses.
+    ``key`` is the one key of a single-key script, which ``WRONGTYPE`` refuses;
+    ``cluster`` as in :func:`misconfiguration`.
     """
     described = f"{type(exc).__name__}: {exc}"
-    fix = misconfiguration(exc)
+    fix = misconfiguration(exc, cluster)
     if fix is not None:
         return StoreMisconfigured(f"{fix}: {described}")
-    if passes(exc):
+    if passes(exc, cluster):
         return StoreUnavailable(backend, described)
     if key is not None and isinstance(exc, ResponseError) and error_code(exc) == "WRONGTYPE":
         return KeyRefused(key, foreign())

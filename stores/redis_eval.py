@@ -4,21 +4,24 @@ redis-py's ``execute_command`` wraps every command in a retry loop (which
 the store sets to never resend), metric hooks and an encoder that accepts
 any argument type, one argument at a time; with a batch's hundreds of
 arguments that encoder costs several times the packing of bytes done here.
-A script call is packed once into RESP, written, and its one reply read,
-on a connection borrowed from the client's own pool. The connection layer
-still drops a connection on any error but a server error reply, exactly as
-under ``execute_command``, so a connection never goes back to the pool
-half read.
+Script calls are packed once into RESP and written together, and their
+replies read in order, on a connection borrowed from the client's own pool:
+several calls to one server (a Cluster node's share of a batch) and the
+``WAIT`` after them cost one round trip. The connection layer still drops a
+connection on any error but a server error reply, exactly as under
+``execute_command``, so a connection never goes back to the pool half read;
+an error reply is read whole and handed back in place of its call's reply.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import ConnectionPool
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 
 class Script:
@@ -52,24 +55,83 @@ def pack_script(script: Script, keys: Sequence[bytes], args: Sequence[bytes]) ->
     return pack(b"EVALSHA", script.sha, b"%d" % len(keys), *keys, *args)
 
 
-async def evalsha(pool: ConnectionPool, script: Script, command: bytes) -> Any:
-    """Send ``command`` (from :func:`pack_script`) and return the script's reply.
+ASKING = pack(b"ASKING")
+_WAIT_ON_REPLICA = "WAIT cannot be used with replica instances"
 
-    Replies come back as bytes whatever the URL asks the client to decode:
-    the store reads its scripts' replies itself. A server that does not know
-    the script (restarted, failed over, or its cache flushed) refuses it
-    before running anything, so sending the same keys and arguments again
-    cannot run any key twice. The second try is an ``EVAL``, which carries
-    the text and caches it: a ``SCRIPT LOAD`` then ``EVALSHA`` could lose
-    the script again to a flush in between.
+
+@dataclass(frozen=True, slots=True)
+class ScriptCall:
+    """One packed EVALSHA; ``asking`` when a Cluster sent it to a slot being imported."""
+
+    script: Script
+    command: bytes
+    asking: bool = False
+
+    def packed(self, as_eval: bool = False) -> list[bytes]:
+        command = self.script.as_eval(self.command) if as_eval else self.command
+        return [ASKING, command] if self.asking else [command]
+
+
+async def send(pool: ConnectionPool, commands: Sequence[bytes]) -> list[Any]:
+    """Write ``commands`` at once and read a reply for each, in order.
+
+    Replies come back as bytes whatever the URL asks the client to decode: the
+    store reads them itself. An error reply is returned as its exception.
     """
     conn = await pool.get_connection()  # type: ignore[no-untyped-call]
     try:
-        await conn.send_packed_command(command)
-        try:
-            return await conn.read_response(disable_decoding=True)
-        except NoScriptError:
-            await conn.send_packed_command(script.as_eval(command))
-            return await conn.read_response(disable_decoding=True)
+        await conn.send_packed_command(b"".join(commands))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(await conn.read_response(disable_decoding=True))
+            except ResponseError as error:  # read whole: the next reply follows
+                replies.append(error)
+        return replies
     finally:
         await pool.release(conn)
+
+
+async def run_scripts(
+    pool: ConnectionPool, calls: Sequence[ScriptCall], wait: bytes | None = None
+) -> tuple[list[Any], int | None]:
+    """Run ``calls`` on one server in one round trip; their replies, and the ``wait``'s.
+
+    ``wait`` is a packed ``WAIT``, sent after the calls on the same connection:
+    its reply counts the replicas that acknowledged every write the connection
+    made. A server that does not know a script (restarted, failed over, or its
+    cache flushed) refuses it before running anything, so sending the same
+    keys and arguments again cannot run any key twice. The second try is an
+    ``EVAL``, which carries the text and caches it: a ``SCRIPT LOAD`` then
+    ``EVALSHA`` could lose the script again to a flush in between.
+    """
+    replies, acked = await _round(pool, calls, wait, as_eval=False)
+    unknown = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+    if unknown:
+        again, acked_again = await _round(pool, [calls[i] for i in unknown], wait, as_eval=True)
+        for i, reply in zip(unknown, again, strict=True):
+            replies[i] = reply
+        # The second round may borrow another connection: its WAIT covers its own
+        # writes only, and the first round's covered the calls the server knew.
+        if acked is not None and acked_again is not None:
+            acked = min(acked, acked_again)
+    return replies, acked
+
+
+async def _round(
+    pool: ConnectionPool, calls: Sequence[ScriptCall], wait: bytes | None, *, as_eval: bool
+) -> tuple[list[Any], int | None]:
+    commands = [packed for call in calls for packed in call.packed(as_eval)]
+    if wait is not None:
+        commands.append(wait)
+    replies = await send(pool, commands)
+    acked = replies.pop() if wait is not None else None
+    if isinstance(acked, ResponseError):
+        if not str(acked).startswith(_WAIT_ON_REPLICA):
+            raise acked
+        # A primary demoted under the store: nothing it holds is acknowledged, and
+        # the calls' own replies (MOVED under Cluster) still say where to go.
+        acked = 0
+    if any(call.asking for call in calls):
+        replies = [r for r, c in zip(replies, commands, strict=False) if c is not ASKING]
+    return replies, acked

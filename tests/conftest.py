@@ -16,12 +16,16 @@ import pytest
 from consumer.container import store_options
 from settings import Settings
 from stores.base import Store
-from tests import rabbitmq4, servers
+from tests import rabbitmq4, redis_servers, servers
 
 POSTGRES_DSN = "postgresql://localhost/test"
 
-# Every store the contract runs against; DynamoDB twice, on two independent servers.
+# Every store backend, each on one real server; DynamoDB twice, on two independent servers.
 BACKENDS = ["sqlite", "postgres", "redis", "dynamodb-moto", "dynamodb-dynalite"]
+# Redis also as a Sentinel-managed primary and as a Cluster (tests/redis_servers.py),
+# which the store contract and the Redis tests run on too.
+REDIS_TOPOLOGIES = ["redis-sentinel", "redis-cluster"]
+CONTRACT_BACKENDS = [*BACKENDS, *REDIS_TOPOLOGIES]
 
 
 @pytest.fixture(scope="session")
@@ -34,6 +38,21 @@ def postgres_server() -> str:
 def redis_server() -> str:
     servers.ensure_service("redis")
     return "redis://localhost:6379/0"
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[redis_servers.Cluster]:
+    """A private Redis Cluster of 3 primaries and 3 replicas; healthy whenever a test
+    gets it (a test that kills a node brings it back)."""
+    with redis_servers.running(redis_servers.Cluster()) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[redis_servers.SentinelSet]:
+    """A private primary, its replica and 3 sentinels."""
+    with redis_servers.running(redis_servers.SentinelSet()) as sentinels:
+        yield sentinels
 
 
 # Which RabbitMQ the broker tests run against: the machine's own (3.10 on
@@ -137,6 +156,9 @@ def make_settings(request: pytest.FixtureRequest, backend: str, tmp_path: Path) 
         base |= {"store": "postgres", "postgres_dsn": request.getfixturevalue("postgres_server")}
     elif backend == "redis":
         base |= {"store": "redis", "redis_url": request.getfixturevalue("redis_server")}
+    elif backend in REDIS_TOPOLOGIES:
+        topology = request.getfixturevalue(backend.replace("-", "_"))
+        base |= {"store": "redis", "redis_url": topology.url}
     else:
         server = backend.removeprefix("dynamodb-")
         base |= {

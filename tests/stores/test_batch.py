@@ -13,12 +13,12 @@ import asyncio
 import pytest
 
 from stores.base import ClaimRequest, Completion, Outcome, Status, Store
-from tests.conftest import BACKENDS, SettingsFactory, StoreFactory
+from tests.conftest import CONTRACT_BACKENDS, SettingsFactory, StoreFactory
 from tests.fences import clock_us, started_fresh
 from tests.stores.race import assert_one_winner_per_key, decided
 from tests.stores.test_contract import take_over
 
-pytestmark = [pytest.mark.parametrize("backend", BACKENDS), pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.parametrize("backend", CONTRACT_BACKENDS), pytest.mark.timeout(60)]
 
 FP = "f" * 64
 OTHER_FP = "0" * 64

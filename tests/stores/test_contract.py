@@ -10,11 +10,11 @@ import pytest
 
 from stores.base import Outcome, Status, Store
 from stores.errors import ResultTooLarge, StoreUnavailable
-from tests.conftest import BACKENDS, SettingsFactory, StoreFactory, open_store
+from tests.conftest import CONTRACT_BACKENDS, SettingsFactory, StoreFactory, open_store
 from tests.fences import clock_us, started_fresh
 from tests.stores.race import assert_one_winner_per_key
 
-pytestmark = [pytest.mark.parametrize("backend", BACKENDS), pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.parametrize("backend", CONTRACT_BACKENDS), pytest.mark.timeout(60)]
 
 FP = "f" * 64
 OTHER_FP = "0" * 64
@@ -239,14 +239,18 @@ async def test_race_one_winner_per_key(make_settings: SettingsFactory) -> None:
     await assert_one_winner_per_key(make_settings())
 
 
-async def test_store_down_raises_unavailable_fast(make_settings: SettingsFactory) -> None:
+async def test_store_down_raises_unavailable_fast(
+    make_settings: SettingsFactory, backend: str
+) -> None:
     settings = make_settings()
     dead = {
         "sqlite": {"sqlite_path": "/nonexistent-dir/semel.db"},
         "postgres": {"postgres_dsn": "postgresql://127.0.0.1:1/test"},
         "redis": {"redis_url": "redis://127.0.0.1:1/0"},
+        "redis-sentinel": {"redis_url": "redis+sentinel://127.0.0.1:1,127.0.0.1:2/svc/0"},
+        "redis-cluster": {"redis_url": "redis+cluster://127.0.0.1:1,127.0.0.1:2/"},
         "dynamodb": {"dynamodb_endpoint_url": "http://127.0.0.1:1"},
-    }[settings.store.value]
+    }[backend if backend.startswith("redis") else settings.store.value]
     down = settings.model_copy(update=dead)
 
     async def attempt() -> None:

@@ -1,0 +1,84 @@
+"""Script calls pipelined on one connection: replies in order, an error reply in its place,
+the NOSCRIPT retry, ASKING, and the WAIT after them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from redis.exceptions import MovedError, NoScriptError, ResponseError
+
+from stores.redis_eval import ASKING, Script, ScriptCall, pack, pack_script, run_scripts
+
+pytestmark = pytest.mark.timeout(10)
+
+SCRIPT = Script("return 1")
+WAIT = pack(b"WAIT", b"1", b"100")
+
+
+class Scripted:
+    """A pool of one fake connection answering each round with the next list of replies."""
+
+    def __init__(self, *rounds: Sequence[Any]) -> None:
+        self.rounds = [list(r) for r in rounds]
+        self.sent: list[bytes] = []
+        self._replies: list[Any] = []
+
+    async def get_connection(self) -> Scripted:
+        return self
+
+    async def release(self, _: object) -> None:
+        pass
+
+    async def send_packed_command(self, command: bytes) -> None:
+        self.sent.append(command)
+        self._replies = self.rounds.pop(0)
+
+    async def read_response(self, disable_decoding: bool) -> Any:
+        reply = self._replies.pop(0)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+
+def call(key: bytes, asking: bool = False) -> ScriptCall:
+    return ScriptCall(SCRIPT, pack_script(SCRIPT, [key], []), asking)
+
+
+async def test_replies_come_in_order_with_an_error_in_its_place() -> None:
+    moved = MovedError("1 127.0.0.1:7001")
+    pool = Scripted([b"a", moved, b"c", 1])
+    replies, acked = await run_scripts(pool, [call(b"a"), call(b"b"), call(b"c")], WAIT)  # type: ignore[arg-type]
+    assert (replies, acked) == ([b"a", moved, b"c"], 1)
+    assert len(pool.sent) == 1  # one round trip
+
+
+async def test_an_unknown_script_is_sent_again_as_eval_and_the_weakest_wait_counts() -> None:
+    # The first round's write went unacknowledged; the retried call's was acknowledged.
+    pool = Scripted([b"a", NoScriptError("NOSCRIPT"), 0], [b"b", 1])
+    replies, acked = await run_scripts(pool, [call(b"a"), call(b"b")], WAIT)  # type: ignore[arg-type]
+    assert (replies, acked) == ([b"a", b"b"], 0)
+    assert pool.sent[1].startswith(call(b"b").script.as_eval(call(b"b").command))
+
+
+async def test_asking_goes_before_its_call_and_its_answer_is_dropped() -> None:
+    pool = Scripted([b"OK", NoScriptError("NOSCRIPT"), b"y"], [b"OK", b"x"])
+    replies, acked = await run_scripts(pool, [call(b"x", asking=True), call(b"y")])  # type: ignore[arg-type]
+    assert (replies, acked) == ([b"x", b"y"], None)
+    assert pool.sent[0].startswith(ASKING)
+    assert pool.sent[1].startswith(ASKING)  # an import's retry needs ASKING again
+
+
+async def test_a_wait_a_demoted_primary_refuses_acknowledges_nothing() -> None:
+    # A cluster replica answers MOVED for the calls and refuses the WAIT: the
+    # redirections still count, and nothing is taken for replicated.
+    moved = MovedError("1 127.0.0.1:7001")
+    refused = ResponseError("WAIT cannot be used with replica instances. Please also note...")
+    pool = Scripted([moved, b"read", refused])
+    replies, acked = await run_scripts(pool, [call(b"a"), call(b"b")], WAIT)  # type: ignore[arg-type]
+    assert (replies, acked) == ([moved, b"read"], 0)
+    # Any other refusal of the WAIT (an ACL, say) is the call's answer.
+    pool = Scripted([b"a", ResponseError("NOPERM no WAIT for you")])
+    with pytest.raises(ResponseError, match="NOPERM"):
+        await run_scripts(pool, [call(b"a")], WAIT)  # type: ignore[arg-type]
