@@ -19,11 +19,23 @@ understood:
   was away, so the key went to the next claim. An outage :class:`Window` is
   for every worker (the server stopped, filled up) or for some processes only
   (the link of one worker blackholed): it explains only their handing back.
+* ``unreplicated-at-failover`` -- a primary of a replicated Redis was
+  SIGKILLed (a :class:`Failover`) and its replica promoted: a write the
+  primary acknowledged in the last ``REPLICATION_LAG`` seconds before the
+  kill may never have reached the replica. Either the delivery settled as
+  completed in that window (the completion was reported stored) and the key
+  ran again after the kill; or the execution's claim was granted in that
+  window (the handler started in it) and the key's next execution started
+  after the kill -- the only way two executions of one key can run at the
+  same time, so such an overlap is this cause, not ``unexplained``. With
+  ``SEMEL_REDIS_REPLICAS_ACK`` >= 1 no write is reported before a replica has
+  it, and the verdict is run with ``replicated``: this cause then fails it.
 
 Anything else -- two effects under one fence, two executions of the key
-running at the same time (whatever else happened to them), a superseded
-execution whose delivery settled as completed, a lease lost with no
-outage -- is ``unexplained`` and fails the run.
+running at the same time (but for a claim lost at a failover), a superseded
+execution whose delivery settled as completed (but for a completion lost at
+a failover), a lease lost with no outage -- is ``unexplained`` and fails the
+run.
 """
 
 from __future__ import annotations
@@ -40,6 +52,7 @@ from tests.chaos.workers import Kill
 
 KILLED = "killed"
 OUTAGE = "lease-expired-in-outage"
+UNREPLICATED = "unreplicated-at-failover"
 UNEXPLAINED = "unexplained"
 # Settle outcomes that hand a claimed delivery back without completing it.
 HANDED_BACK = ("store-unavailable", "lease-lost", "fenced-out")
@@ -47,6 +60,10 @@ HANDED_BACK = ("store-unavailable", "lease-lost", "fenced-out")
 CLAIM_ONLY = ("in-progress", "duplicate")
 HELD = 1.0  # seconds into an outage a completion must have waited to count as held
 CLOCK_SLACK = 0.05  # seconds: log timestamps and ledger stamps are taken a moment apart
+# Seconds before a primary's SIGKILL in which a write it acknowledged may not have
+# reached its replica. Replication on loopback trails by milliseconds; a second
+# also covers a worker whose event loop logged its settle late.
+REPLICATION_LAG = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +100,21 @@ class Window:
 Windows = Iterable[Window | tuple[float, float]]
 
 
+@dataclass(frozen=True, slots=True)
+class Failover:
+    """A primary SIGKILLed at ``killed`` (wall clock), its replica promoted by ``promoted``."""
+
+    killed: float
+    promoted: float
+
+    def acknowledged_before(self, at: float) -> bool:
+        """Whether a write acknowledged at ``at`` may have died with the primary."""
+        return self.killed - REPLICATION_LAG <= at <= self.killed + CLOCK_SLACK
+
+    def after(self, run: Run) -> bool:
+        return run.started >= self.killed - CLOCK_SLACK
+
+
 def windows_of(outages: Windows) -> list[Window]:
     """Plain ``(start, end)`` pairs are outages for every worker."""
     return [w if isinstance(w, Window) else Window(*w) for w in outages]
@@ -108,6 +140,8 @@ class Verdict:
     lost: list[str]
     duplicates: list[Duplicate] = field(default_factory=list)
     strict: bool = False  # transactional mode: no duplicate effect at all
+    # Replicas acknowledge every write (SEMEL_REDIS_REPLICAS_ACK >= 1): none may be lost.
+    replicated: bool = False
     # Keys whose handler was meant to succeed, not completed, only in Q.dlq.
     parked: list[str] = field(default_factory=list)
 
@@ -117,6 +151,8 @@ class Verdict:
     @property
     def ok(self) -> bool:
         if self.strict and self.duplicates:
+            return False
+        if self.replicated and self.count(UNREPLICATED):
             return False
         return not self.lost and not self.parked and self.count(UNEXPLAINED) == 0
 
@@ -208,6 +244,45 @@ def overlapping(runs: Iterable[Run]) -> list[tuple[Run, Run]]:
     return pairs
 
 
+def lost_at_failover(
+    run: Run, executions: Iterable[Run], settled: Iterable[Settled], failovers: Iterable[Failover]
+) -> str | None:
+    """Why ``run``'s key ran again after a failover lost a write of it: evidence, or None.
+
+    Its claim was granted (its handler started) shortly before the primary was
+    killed, or its delivery settled as completed then, and the key's next
+    execution started after the kill.
+    """
+    later = [other for other in executions if other is not run and other.started > run.started]
+    for failover in failovers:
+        if not any(failover.after(other) for other in later):
+            continue
+        before = failover.killed - run.started
+        if failover.acknowledged_before(run.started):
+            return (
+                f"pid {run.pid} fence {run.fence} started {before:.3f}s before the primary's "
+                "SIGKILL and the key ran again after it: the claim was not replicated"
+            )
+        for event in settled:
+            if (
+                event.ran(run)
+                and event.outcome.startswith("completed")
+                and failover.acknowledged_before(event.at)
+            ):
+                return (
+                    f"pid {run.pid} settled fence {run.fence} as {event.outcome!r} "
+                    f"{failover.killed - event.at:.3f}s before the primary's SIGKILL and the "
+                    "key ran again after it: the completion was not replicated"
+                )
+    return None
+
+
+def claim_lost(pair: tuple[Run, Run], failovers: Iterable[Failover]) -> bool:
+    """Whether two executions at once follow a claim the failed primary had not replicated."""
+    first, second = sorted(pair, key=lambda run: run.started)
+    return any(f.acknowledged_before(first.started) and f.after(second) for f in failovers)
+
+
 def classify(
     effect: Run,
     settled: list[Settled],
@@ -241,8 +316,13 @@ def duplicates_of(
     settled: Iterable[Settled],
     kills: Iterable[Kill],
     outages: Windows,
+    failovers: Iterable[Failover] = (),
 ) -> list[Duplicate]:
-    """Every superseded effect with its cause."""
+    """Every superseded effect with its cause.
+
+    A lost write at a failover explains only what nothing else does: a kill
+    or an outage comes first.
+    """
     effects: dict[str, list[Run]] = defaultdict(list)
     executions: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
@@ -252,7 +332,7 @@ def duplicates_of(
     by_key: dict[str, list[Settled]] = defaultdict(list)
     for event in settled:
         by_key[event.key].append(event)
-    kills, windows = list(kills), windows_of(outages)
+    kills, windows, failovers = list(kills), windows_of(outages), list(failovers)
     found = []
     for key, done in effects.items():
         done.sort(key=lambda run: run.effect or 0.0)
@@ -272,6 +352,10 @@ def duplicates_of(
                 )
             else:
                 cause, evidence = classify(run, by_key[key], kills, windows)
+            if cause == UNEXPLAINED and (
+                lost := lost_at_failover(run, executions[key], by_key[key], failovers)
+            ):
+                cause, evidence = UNREPLICATED, lost
             returned = run.outcome == "returned"
             found.append(Duplicate(key, run.fence, run.pid, cause, evidence, returned))
     return found
