@@ -2,8 +2,10 @@
 
 Usage::
 
-    python -m tests.chaos --store {sqlite,postgres,redis,dynamodb,postgres-tx,all}
+    python -m tests.chaos --store {sqlite,postgres,redis,dynamodb,postgres-tx,
+                                   redis-cluster,redis-sentinel,all}[,...]
                           [--faults {classic,full,blackhole,slow,all}[,...]]
+                          [--replicas-ack N[,N...]]
                           [--messages N] [--workers W] [--kills K] [--seed S]
                           [--rate R] [--outage SECONDS] [--stall SECONDS]
                           [--delay MS] [--keep DIR]
@@ -46,6 +48,16 @@ SQLite has no server and no link to fault: only ``classic`` runs for it. A
 kind that does not fit a store is skipped for it. The default
 ``--store all`` makes 14 runs: 5 classic, 1 full, 4 blackhole, 4 slow.
 
+``redis-cluster`` and ``redis-sentinel`` (not in ``all``: each adds a
+6-server topology and about a minute) run the Redis store against a private
+Redis Cluster (3 primaries, 3 replicas) or a primary, its replica and 3
+sentinels (``tests.redis_servers``). Their classic run's store fault is a
+failover instead of an outage: at 60 % of the flow a primary is SIGKILLed,
+the run waits for its replica to be promoted, then starts the old primary
+again as the new one's replica. Only ``classic`` fits them.
+``--replicas-ack`` (default 0) sets ``SEMEL_REDIS_REPLICAS_ACK`` for them;
+several values, comma-separated, make one run each.
+
 Reading the table: *lost* counts keys neither completed in the store
 (``get(key)``) nor in the private broker's ``Q.dlq``; *parked* counts keys
 whose handler was meant to succeed, not completed, found only in ``Q.dlq``
@@ -57,19 +69,24 @@ delivery; *lease expired in outage* (*in fault* in the faults table) when
 its worker handed the delivery back because the store was unreachable (or
 full) during the outage -- for a blackhole, only if it is the worker cut
 off -- and the lease then ran out and a redelivery ran the handler again;
-anything else is *unexplained*, and so is any duplicate effect whose
-execution ran at the same time as another execution of its key, whatever
-the fault. *Overlaps* counts every such pair of executions, with an effect
-or not (a handler blocked in a store call while another worker reran its
-key, say); it does not fail a run by itself. The classic runs print one
-table, a column per store; the other kinds a second table, a row per store
-and fault.
+*unreplicated at failover* when the primary was killed within a second of
+the execution's claim (its start) or of its delivery settling as completed,
+and the key ran again after the kill: the write never reached the promoted
+replica (``tests.chaos.verdict``); anything else is *unexplained*, and so is
+any duplicate effect whose execution ran at the same time as another
+execution of its key, whatever the fault, unless its claim was lost so.
+*Overlaps* counts every such pair of executions, with an effect or not (a
+handler blocked in a store call while another worker reran its key, say),
+and apart those after a claim lost at a failover; it does not fail a run by
+itself. The classic runs print one table, a column per store; the other
+kinds a second table, a row per store and fault.
 
 Exit status: 0 when every run ends with lost = 0, parked = 0 and no
 unexplained duplicate effect (in transactional mode: no duplicate effect at
-all); 1 otherwise (the evidence is printed under the tables); 2 on bad
-usage. ``--keep DIR`` keeps each store's ledger and worker logs (those of
-the other fault kinds under ``DIR/<fault>/``).
+all; with ``--replicas-ack`` >= 1: none unreplicated either); 1 otherwise
+(the evidence is printed under the tables); 2 on bad usage. ``--keep DIR``
+keeps each store's ledger and worker logs (those of the other fault kinds
+under ``DIR/<fault>/``).
 """
 
 from __future__ import annotations
@@ -84,13 +101,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tests.chaos.faults import CLASSIC, FAULTS, fits
+from tests.chaos.faults import CLASSIC, FAULTS, REPLICATED_REDIS, fits
 from tests.chaos.rabbit import LANE_ENV, RabbitNode
 from tests.chaos.run import ChaosConfig, Report, run_chaos
 from tests.chaos.table import evidence, tables
 from tests.chaos.transactional import TRANSACTIONAL
 
-STORES = ("sqlite", "postgres", "redis", "dynamodb", TRANSACTIONAL)
+STORES = ("sqlite", "postgres", "redis", "dynamodb", TRANSACTIONAL)  # --store all
 LEASE = ChaosConfig(store="sqlite").lock_ttl
 
 
@@ -98,7 +115,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m tests.chaos", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--store", choices=(*STORES, "all"), required=True)
+    parser.add_argument(
+        "--store",
+        type=_stores,
+        required=True,
+        help=f"comma-separated, of {', '.join((*STORES, *REPLICATED_REDIS))} or all",
+    )
+    parser.add_argument(
+        "--replicas-ack",
+        type=_acks,
+        default=(0,),
+        help="SEMEL_REDIS_REPLICAS_ACK of the redis-cluster and redis-sentinel runs; "
+        "comma-separated: a run each (default 0)",
+    )
     parser.add_argument("--messages", type=int, default=3000, help="messages in all (default 3000)")
     parser.add_argument("--workers", type=int, default=2, help="consumer processes (default 2)")
     parser.add_argument("--kills", type=int, default=12, help="SIGKILLs mid-handler (default 12)")
@@ -132,14 +161,40 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if args.stall <= 2 * LEASE or args.delay < 0:
         parser.error(f"need --stall > {2 * LEASE:g} (two leases), --delay >= 0")
     if not runs(args):
-        parser.error(f"--faults {','.join(args.faults)} fits no store of --store {args.store}")
+        stores = ",".join(args.store)
+        parser.error(f"--faults {','.join(args.faults)} fits no store of --store {stores}")
     return args
 
 
-def runs(args: argparse.Namespace) -> list[tuple[str, str]]:
-    """(store, fault) of every run asked for, in order: a kind that does not fit is skipped."""
-    stores = STORES if args.store == "all" else (args.store,)
-    return [(store, fault) for store in stores for fault in args.faults if fits(fault, store)]
+def runs(args: argparse.Namespace) -> list[tuple[str, str, int]]:
+    """(store, fault, replicas_ack) of every run asked for, in order: a kind that does not
+    fit is skipped."""
+    return [
+        (store, fault, ack)
+        for store in args.store
+        for fault in args.faults
+        if fits(fault, store)
+        for ack in (args.replicas_ack if store in REPLICATED_REDIS else (0,))
+    ]
+
+
+def _stores(text: str) -> tuple[str, ...]:
+    chosen: list[str] = []
+    for name in (name.strip() for name in text.split(",")):
+        if name not in (*STORES, *REPLICATED_REDIS, "all"):
+            raise argparse.ArgumentTypeError(f"unknown store {name!r}")
+        chosen += [s for s in (STORES if name == "all" else (name,)) if s not in chosen]
+    return tuple(chosen)
+
+
+def _acks(text: str) -> tuple[int, ...]:
+    try:
+        acks = tuple(int(n) for n in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number list: {text!r}") from None
+    if any(not 0 <= n <= 16 for n in acks):
+        raise argparse.ArgumentTypeError("replica acknowledgements are 0 to 16")
+    return acks
 
 
 def _faults(text: str) -> tuple[str, ...]:
@@ -156,7 +211,7 @@ async def run_all(args: argparse.Namespace) -> list[Report]:
     node = await RabbitNode.start(lane=args.rabbitmq)
     reports = []
     try:
-        for store, fault in runs(args):
+        for store, fault, replicas_ack in runs(args):
             classic = fault == CLASSIC
             keep = args.keep / fault if args.keep is not None and not classic else args.keep
             config = ChaosConfig(
@@ -172,6 +227,7 @@ async def run_all(args: argparse.Namespace) -> list[Report]:
                 slow_delay=args.delay / 1000,
                 drain_deadline=180 if classic else 120,
                 keep=keep,
+                replicas_ack=replicas_ack,
             )
             reports.append(await run_chaos(config, node))
     finally:

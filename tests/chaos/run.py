@@ -46,7 +46,7 @@ from tests.chaos.ledger import LEDGER_ENV, read_runs
 from tests.chaos.processes import private_dir
 from tests.chaos.producer import Order, Publisher, Sent, plan, produce
 from tests.chaos.rabbit import RabbitNode
-from tests.chaos.servers import PrivateRedis, StoreServer, start_store
+from tests.chaos.servers import PrivateRedis, PrivateRedisTopology, StoreServer, start_store
 from tests.chaos.transactional import (
     TRANSACTIONAL,
     committed_effects,
@@ -55,8 +55,10 @@ from tests.chaos.transactional import (
     server_kind,
 )
 from tests.chaos.verdict import (
+    Failover,
     Verdict,
     Window,
+    claim_lost,
     duplicates_of,
     held_through,
     judge,
@@ -95,6 +97,8 @@ class ChaosConfig:
     retry_delays: tuple[float, ...] = (0.25, 0.75)
     drain_deadline: float = 180.0
     keep: Path | None = None  # copy the ledger and worker logs here
+    # Replicated Redis stores: replicas that acknowledge each write (SEMEL_REDIS_REPLICAS_ACK).
+    replicas_ack: int = 0
 
 
 @dataclass(slots=True)
@@ -118,6 +122,11 @@ class Report:
     attempted: int = 0  # effects begun; in transactional mode some were rolled back
     held: int = 0  # deliveries whose completion waited for the store to come back
     overlaps: int = 0  # pairs of executions of one key that ran at the same time
+    overlaps_claim_lost: int = 0  # of them, after a claim the failed primary had not replicated
+    replicas_ack: int = 0
+    failovers: list[Failover] = field(default_factory=list)
+    # Wall-clock span of the handler executions: the faults landed inside it, or not.
+    flow: tuple[float, float] = (0.0, 0.0)
     slowest: float = 0.0  # seconds from a delivery's arrival to its settle, at most
     dlq_messages: int = 0
     left_in_queues: int = 0
@@ -128,6 +137,11 @@ class Report:
     @property
     def ok(self) -> bool:
         return self.drained and self.verdict.ok
+
+    @property
+    def label(self) -> str:
+        """The store, and the replica acknowledgements asked for, if any."""
+        return f"{self.store}, WAIT {self.replicas_ack}" if self.replicas_ack else self.store
 
 
 def chaos_settings(
@@ -197,6 +211,11 @@ class Timeline:
                 log.info("kill %d: pid %d, %d handlers in flight", n + 1, kill.pid, kill.in_flight)
 
     async def broker_and_store(self, node: RabbitNode, server: StoreServer, pool: Pool) -> None:
+        if isinstance(server, PrivateRedisTopology):
+            # A failover is the store fault of its own: no broker restart before it,
+            # which would hold the flow back until it is nearly over.
+            await self._failover(server, pool)
+            return
         await self._at(0.3)
         log.info("broker: stop_app")
         await node.restart(self.config.broker_down)
@@ -213,6 +232,23 @@ class Timeline:
             await server.outage(self.config.outage)
             self.outages.append((began, time.time(), None))
             log.info("store: back")
+
+    async def _failover(self, server: PrivateRedisTopology, pool: Pool) -> None:
+        """The primary SIGKILLed at half the flow, while handlers run; healed after."""
+        await self._at(0.5)
+        # At a light rate few handlers run at once: wait for two at most, and not
+        # longer than a tenth of the flow, so the kill still lands inside it.
+        running = min(2, self.config.outage_when_running)
+        if not await pool.handlers_running(running, max(1.0, self.flow / 10)):
+            log.warning("the primary dies with fewer than %d handlers running", running)
+        log.info("store: the primary is SIGKILLed")
+        began = time.time()
+        await server.outage(0.0)
+        # Until the old primary is back as a replica, writes waiting for one fail.
+        self.outages.append((began, time.time(), None))
+        failover = server.failovers[-1]
+        log.info("store: promoted after %.1fs, old primary back as replica",
+                 failover.promoted - failover.killed)  # fmt: skip
 
     async def fill_up(self, server: StoreServer, pool: Pool) -> None:
         """A Redis that fills up: writes refused with ``OOM`` for ``outage`` seconds."""
@@ -268,7 +304,7 @@ async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Repo
             node = await RabbitNode.start()
             stack.callback(node.stop)
         restarts_before = node.restarts
-        server = await start_store(server_kind(config.store))
+        server = await start_store(server_kind(config.store), config.replicas_ack)
         stack.push_async_callback(server.stop)
         workdir = private_dir("semel-chaos-run-")
         stack.callback(shutil.rmtree, workdir, True)
@@ -288,7 +324,10 @@ async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Repo
         pool = Pool(config.workers, env, workdir / "logs", ledger, own_env)
         stack.push_async_callback(pool.stop)
         if config.keep is not None:
-            stack.push_async_callback(_keep, workdir, config.keep / config.store)
+            name = (
+                f"{config.store}-wait{config.replicas_ack}" if config.replicas_ack else config.store
+            )
+            stack.push_async_callback(_keep, workdir, config.keep / name)
         pool.start()
         observer = await Broker.connect(node.url)
         await wait_for_consumers(observer, settings.queue, config.workers, 60)
@@ -385,10 +424,13 @@ async def _report(
         runs = await committed_effects(settings.postgres_dsn, runs)
     settled = read_settled(pool.log_files)
     windows = timeline.windows(pool)
-    duplicates = duplicates_of(runs, settled, pool.kills, windows)
+    failovers = server.failovers if isinstance(server, PrivateRedisTopology) else []
+    duplicates = duplicates_of(runs, settled, pool.kills, windows, failovers)
     failing = {o.key for o in orders if o.body.get("fail") in ("always", "permanent")}
     verdict = judge([o.key for o in orders], drain.completed, drain.dead, duplicates, failing)
     verdict.strict = transactional
+    verdict.replicated = config.replicas_ack >= 1
+    overlaps = overlapping(runs)
     return Report(
         store=config.store,
         sent=sent,
@@ -405,7 +447,14 @@ async def _report(
         effects=sum(1 for r in runs if r.effect is not None),
         attempted=attempted,
         held=held_through(settled, windows),
-        overlaps=len(overlapping(runs)),
+        overlaps=len(overlaps),
+        overlaps_claim_lost=sum(1 for pair in overlaps if claim_lost(pair, failovers)),
+        replicas_ack=config.replicas_ack,
+        failovers=list(failovers),
+        flow=(
+            min((r.started for r in runs), default=0.0),
+            max((r.started for r in runs), default=0.0),
+        ),
         slowest=max((s.duration for s in settled), default=0.0),
         dlq_messages=drain.dlq_messages,
     )

@@ -16,11 +16,14 @@ import asyncio
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from tests.chaos.processes import Child, as_user, on_exit, private_dir, run
+from tests.chaos.verdict import Failover
 from tests.proxy import TcpProxy
+from tests.redis_servers import Cluster, SentinelSet
 from tests.servers import ROOT, free_port
 
 # Bytes of room a filled-up Redis keeps above what it used when the limit was set.
@@ -219,8 +222,65 @@ class PrivateDynamo(StoreServer):
         await super().stop()
 
 
-async def start_store(kind: str) -> StoreServer:
-    """Start a private server for ``kind`` (sqlite, postgres, redis or dynamodb)."""
+class PrivateRedisTopology(StoreServer):
+    """A replicated Redis (:mod:`tests.redis_servers`): a Cluster or a primary under Sentinel.
+
+    Its outage is a failover: the primary (under Cluster, the one serving the
+    first slots: a third of the keys) is SIGKILLed, its replica promoted, and
+    the old primary started again as the new primary's replica. Nothing is
+    kept on disk, so a write the primary acknowledged but had not sent to its
+    replica is gone; ``replicas_ack`` >= 1 makes every write wait for one.
+    """
+
+    outage_kind = "primary SIGKILLed, replica promoted, old primary back as replica"
+
+    def __init__(self, home: Path, topology: Cluster | SentinelSet, replicas_ack: int) -> None:
+        super().__init__(home)
+        self.topology = topology
+        self.replicas_ack = replicas_ack
+        self.failovers: list[Failover] = []
+
+    def settings(self, port: int | None = None) -> dict[str, object]:
+        return {
+            "store": "redis",
+            "redis_url": self.topology.url,
+            "redis_replicas_ack": self.replicas_ack,
+        }
+
+    @property
+    def can_fail(self) -> bool:
+        return True
+
+    async def outage(self, seconds: float) -> None:
+        """Fail the primary over and heal; ``seconds`` is unused: a failover takes its own."""
+        killed = time.time()
+        victim = await asyncio.to_thread(self.topology.kill_primary)
+        self.failovers.append(Failover(killed, time.time()))
+        await asyncio.to_thread(self.topology.heal, victim)
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self.topology.stop)
+        await super().stop()
+
+
+REPLICATED: dict[str, type[Cluster] | type[SentinelSet]] = {
+    "redis-cluster": Cluster,
+    "redis-sentinel": SentinelSet,
+}
+
+
+async def start_store(kind: str, replicas_ack: int = 0) -> StoreServer:
+    """Start a private server for ``kind`` (sqlite, postgres, redis, dynamodb, or a
+    replicated Redis: redis-cluster, redis-sentinel, with ``replicas_ack``)."""
+    if kind in REPLICATED:
+        topology = REPLICATED[kind]()
+        server = PrivateRedisTopology(private_dir(f"semel-chaos-{kind}-"), topology, replicas_ack)
+        try:
+            await asyncio.to_thread(topology.start)
+        except BaseException:
+            await server.stop()
+            raise
+        return server
     if kind == "sqlite":
         return StoreServer(private_dir("semel-chaos-sqlite-"))
     if kind == "redis":

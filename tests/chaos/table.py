@@ -15,7 +15,7 @@ from rich.table import Table
 
 from tests.chaos.faults import CLASSIC
 from tests.chaos.run import Report
-from tests.chaos.verdict import KILLED, OUTAGE, UNEXPLAINED
+from tests.chaos.verdict import KILLED, OUTAGE, UNEXPLAINED, UNREPLICATED
 
 
 def _dead_lettered(report: Report) -> str:
@@ -68,6 +68,24 @@ def _outage_duplicates(report: Report) -> str:
     return f"{len(found)} ({returned} after the handler returned)" if found else "0"
 
 
+def _failovers(report: Report) -> str:
+    """When the primary died, in the executions' span, and how long the promotion took."""
+    if not report.failovers:
+        return "-"
+    first, last = report.flow
+    return "; ".join(
+        f"at {f.killed - first:.1f} s of {last - first:.1f} s, "
+        f"promoted {f.promoted - f.killed:.1f} s later"
+        for f in report.failovers
+    )
+
+
+def _overlaps(report: Report) -> str:
+    if not report.overlaps_claim_lost:
+        return str(report.overlaps)
+    return f"{report.overlaps} ({report.overlaps_claim_lost} after a claim lost at failover)"
+
+
 def _verdict(report: Report) -> str:
     if report.ok:
         return "PASS"
@@ -80,6 +98,8 @@ def _verdict(report: Report) -> str:
         why.append("keys parked in Q.dlq")
     if report.verdict.count(UNEXPLAINED):
         why.append("unexplained duplicates")
+    if report.verdict.replicated and report.verdict.count(UNREPLICATED):
+        why.append("writes lost at failover though replicas acknowledged them")
     elif report.verdict.strict and report.verdict.duplicates:
         why.append("duplicate effects in transactional mode")
     return "FAIL: " + ", ".join(why)
@@ -94,6 +114,7 @@ ROWS: list[tuple[str, Callable[[Report], object]]] = [
     ("broker restarts", lambda r: r.broker_restarts),
     ("store outages", _outages),
     ("  completions held through it", lambda r: r.held if r.outages else "-"),
+    ("  primary killed (failover)", _failovers),
     ("handler executions / effects", _effects),
     ("keys completed (store)", lambda r: r.verdict.completed),
     ("keys in Q.dlq (by reason)", _dead_lettered),
@@ -101,8 +122,9 @@ ROWS: list[tuple[str, Callable[[Report], object]]] = [
     ("lost", lambda r: len(r.verdict.lost)),
     ("duplicate effects: explained by a kill", lambda r: r.verdict.count(KILLED)),
     ("duplicate effects: lease expired in outage", _outage_duplicates),
+    ("duplicate effects: unreplicated at failover", lambda r: r.verdict.count(UNREPLICATED)),
     ("duplicate effects: unexplained", lambda r: r.verdict.count(UNEXPLAINED)),
-    ("executions of one key at the same time", lambda r: r.overlaps),
+    ("executions of one key at the same time", _overlaps),
     ("left in work/retry queues", lambda r: r.left_in_queues),
     ("wall time", lambda r: f"{r.wall:.1f} s"),
     ("verdict", _verdict),
@@ -113,7 +135,7 @@ def render(reports: list[Report]) -> Table:
     table = Table(title="semel chaos run", show_lines=False)
     table.add_column("figure")
     for report in reports:
-        table.add_column(report.store, overflow="fold")
+        table.add_column(report.label, overflow="fold")
     for label, value in ROWS:
         table.add_row(label, *(str(value(report)) for report in reports))
     return table
@@ -173,7 +195,7 @@ def tables(reports: list[Report]) -> list[Table]:
 
 def evidence(report: Report, limit: int = 20, examples: int = 3) -> list[str]:
     """Each lost key and unexplained duplicate (up to ``limit``), a few examples of the rest."""
-    name = report.store if report.fault == CLASSIC else f"{report.store} {report.fault}"
+    name = report.label if report.fault == CLASSIC else f"{report.label} {report.fault}"
     lines = [f"{name}: lost {key}" for key in report.verdict.lost[:limit]]
     lines += [f"{name}: parked in Q.dlq {key}" for key in report.verdict.parked[:examples]]
     shown: Counter[str] = Counter()

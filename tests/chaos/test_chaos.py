@@ -5,6 +5,9 @@ one store outage longer than the lease (SQLite has no server to stop), on a
 private RabbitMQ node shared by the runs. The PostgreSQL store also runs in
 transactional mode, where no duplicate effect is allowed at all. One more
 run blackholes one worker's link to the store for more than two leases.
+Against a Redis Cluster and a primary under Sentinel, with every write
+acknowledged by a replica, the store fault is a primary SIGKILLed mid-flow
+instead (no broker restart there).
 ``python -m tests.chaos`` is the full run, with every fault kind.
 """
 
@@ -17,12 +20,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from tests.chaos.faults import BLACKHOLE
+from tests.chaos.faults import BLACKHOLE, REPLICATED_REDIS
 from tests.chaos.rabbit import RabbitNode
 from tests.chaos.run import ChaosConfig, Report, run_chaos
 from tests.chaos.table import evidence, tables
 from tests.chaos.transactional import TRANSACTIONAL
-from tests.chaos.verdict import UNEXPLAINED
+from tests.chaos.verdict import UNEXPLAINED, UNREPLICATED
 from tests.conftest import rabbitmq_lane
 
 pytestmark = [
@@ -128,3 +131,41 @@ async def test_a_worker_with_a_blackholed_store_link_runs_no_key_alongside_anoth
     # not explain, is unexplained.
     assert report.verdict.count(UNEXPLAINED) == 0, table
     assert report.outages == 1, table
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("store", REPLICATED_REDIS)
+async def test_a_primary_killed_mid_flow_loses_and_repeats_nothing_when_a_replica_acknowledges(
+    store: str, private_broker: RabbitNode, tmp_path: Path
+) -> None:
+    config = ChaosConfig(
+        store=store,
+        messages=300,
+        workers=2,
+        kills=2,
+        seed=7,
+        rate=30,
+        outage_when_running=2,
+        drain_deadline=60,
+        keep=tmp_path,
+        replicas_ack=1,
+    )
+    report = await run_chaos(config, private_broker)
+    table = show(report)
+    print(table)
+
+    assert report.drained, f"keys still unsettled after the drain deadline\n{table}"
+    assert report.verdict.lost == [], table
+    assert report.verdict.count(UNEXPLAINED) == 0, table
+    # Every write waited for the replica that was promoted: none died with the primary.
+    assert report.verdict.count(UNREPLICATED) == 0, table
+    assert report.overlaps == 0, table
+    # The primary did die while handlers ran, and was replaced.
+    [failover] = report.failovers
+    first, last = report.flow
+    assert first < failover.killed < last, table
+    assert failover.promoted > failover.killed, table
+    assert report.outages == 1, table
+    assert report.kills == config.kills, table
+    sent = report.sent
+    assert (sent.total - sent.originals) / sent.total >= 0.3, table
