@@ -3,7 +3,10 @@
 Each case gets a fresh queue, exchange and key prefix (and a fresh SQLite
 file), so no case reads another's keys. The run's PostgreSQL table and Redis
 keys carry the run's id and are dropped at the end; the DynamoDB-compatible
-server (moto by default, or dynalite) is a child process of the run.
+server (moto by default, or dynalite) is a child process of the run, and so
+is the Redis Cluster of the ``redis-cluster`` cases (3 primaries with a
+replica each, on loopback, nothing kept on disk: ``tests.redis_servers``).
+``redis-cluster-ack1`` is the same cluster with ``SEMEL_REDIS_REPLICAS_ACK=1``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from bench.broker import AMQP_URL
 from consumer.container import store_options
 from settings import Settings
 from stores.base import Store
-from tests import servers
+from tests import redis_servers, servers
 
 POSTGRES_DSN = os.environ.get("BENCH_POSTGRES_DSN", "postgresql://localhost/test")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://localhost:6379/0")
@@ -35,7 +38,12 @@ REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://localhost:6379/0")
 CHILD_AMQP_URL = str(URL(AMQP_URL).update_query(heartbeat=600))
 PREFETCH = 256
 HANDLER = "bench.handlers:handle"
-STORES = ("sqlite", "postgres", "redis", "dynamodb")
+# Store kinds measured: semel's store of each, the Redis Cluster with and without
+# replica acknowledgements (SEMEL_REDIS_REPLICAS_ACK) as kinds of their own.
+CLUSTER = "redis-cluster"
+CLUSTER_ACKED = "redis-cluster-ack1"
+CLUSTER_ACKS = {CLUSTER: 0, CLUSTER_ACKED: 1}
+STORES = ("sqlite", "postgres", "redis", CLUSTER, CLUSTER_ACKED, "dynamodb")
 DYNAMODB_SERVERS = {"moto": servers.moto_server, "dynalite": servers.dynalite_server}
 _SERVICES = {"postgres": "postgres", "redis": "redis"}
 
@@ -51,12 +59,16 @@ class Backends:
         self._stack = contextlib.ExitStack()
         self._tmp = Path(tempfile.mkdtemp(prefix=f"semel-bench-{self.run_id}-"))
         self.dynamodb_url: str | None = None
+        self.cluster_url: str | None = None
 
     def __enter__(self) -> Backends:
         servers.ensure_service("rabbitmq")
         for store in self.stores:
             if store in _SERVICES:
                 servers.ensure_service(_SERVICES[store])
+        if set(self.stores) & set(CLUSTER_ACKS):
+            cluster = self._stack.enter_context(redis_servers.running(redis_servers.Cluster()))
+            self.cluster_url = cluster.url
         if "dynamodb" in self.stores:
             servers.aws_test_credentials()
             server = DYNAMODB_SERVERS[self.dynamodb_server]()
@@ -108,6 +120,10 @@ class Backends:
         }
         if self.dynamodb_url is not None:
             values["dynamodb_endpoint_url"] = self.dynamodb_url
+        if store in CLUSTER_ACKS:
+            assert self.cluster_url is not None
+            values |= {"store": "redis", "redis_url": self.cluster_url}
+            values["redis_replicas_ack"] = CLUSTER_ACKS[store]
         return Settings(**values)
 
     async def migrate(self, settings: Settings) -> None:

@@ -23,6 +23,9 @@ RATIO_TARGETS = {
     ("sqlite", "unique"): 0.4,
 }
 P99_TARGETS_MS = {"redis": 5.0, "postgres": 10.0}  # delivery to ACK at light load
+# Messages/s as a ratio to semel on one Redis server in the same run, per (store, keys).
+REDIS_RATIO_TARGETS = {("redis-cluster", "unique"): 0.8, ("redis-cluster", "duplicates"): 0.8}
+REDIS = "redis"  # the store the Redis Cluster cases are compared with
 RSS_GROWTH_LIMIT = 0.10  # between the two equal batches of the long run
 POWERTOOLS_TARGET = 3.0  # semel's DynamoDB messages/s over Powertools' calls/s
 
@@ -43,6 +46,9 @@ class CaseResult:
     messages_per_s: float = field(init=False)
     cpu_us: float = field(init=False)
     ratio: float | None = None
+    # Redis Cluster cases: over semel on one Redis server (same keys and processes).
+    ratio_to_redis: float | None = None
+    redis_target: float | None = None
 
     def __post_init__(self) -> None:
         self.messages_per_s = statistics.median(self.rates)
@@ -51,6 +57,12 @@ class CaseResult:
     @property
     def met(self) -> bool | None:
         return None if self.target is None or self.ratio is None else self.ratio >= self.target
+
+    @property
+    def met_vs_redis(self) -> bool | None:
+        if self.redis_target is None or self.ratio_to_redis is None:
+            return None
+        return self.ratio_to_redis >= self.redis_target
 
 
 @dataclass
@@ -65,6 +77,17 @@ class Results:
         baseline = next(c.messages_per_s for c in self.cases if c.consumer == "baseline")
         for case in self.cases:
             case.ratio = case.messages_per_s / baseline
+        for case in self.cases:
+            if case.store is None or not case.store.startswith(f"{REDIS}-"):
+                continue
+            same = [
+                c.messages_per_s
+                for c in self.cases
+                if c.store == REDIS and (c.keys, c.processes) == (case.keys, case.processes)
+            ]
+            if same:
+                case.ratio_to_redis = case.messages_per_s / same[0]
+                case.redis_target = REDIS_RATIO_TARGETS.get((case.store, case.keys))
         for kind, run in self.long_runs.items():
             run["rss_growth"] = run["rss_second_mb"] / run["rss_first_mb"] - 1
             run["rss_flat"] = run["rss_growth"] <= RSS_GROWTH_LIMIT
@@ -96,7 +119,7 @@ class Results:
                 }
 
     def as_json(self) -> bytes:
-        cases = [asdict(c) | {"met": c.met} for c in self.cases]
+        cases = [asdict(c) | {"met": c.met, "met_vs_redis": c.met_vs_redis} for c in self.cases]
         data: dict[str, Any] = {"meta": self.meta, "cases": cases, "long_runs": self.long_runs}
         data["powertools"] = self.powertools
         return orjson.dumps(data, option=orjson.OPT_INDENT_2)
@@ -104,6 +127,16 @@ class Results:
 
 def _verdict(met: bool | None) -> str:
     return "" if met is None else (" [green]ok[/]" if met else " [red]missed[/]")
+
+
+def _to_redis(case: CaseResult) -> str:
+    """A Redis Cluster case over one Redis server, with its target."""
+    if case.ratio_to_redis is None:
+        return ""
+    text = f"{case.ratio_to_redis:.2f}"
+    if case.redis_target is not None:
+        text += f" (≥ {case.redis_target:g}{_verdict(case.met_vs_redis)})"
+    return text
 
 
 def _latency(run: dict[str, Any] | None, key: str) -> str:
@@ -124,7 +157,7 @@ def _rss(run: dict[str, Any] | None) -> str:
 def table(results: Results) -> Table:
     grid = Table(title="semel benchmark (median of repeats; ratios against the bare consumer)")
     grid.add_column("case", no_wrap=True)
-    for column in ("msg/s", "ratio", "target", "CPU µs/msg"):
+    for column in ("msg/s", "ratio", "target", "÷ redis", "CPU µs/msg"):
         grid.add_column(column, justify="right", no_wrap=True)
     grid.add_column("delivery→ACK p50/p99 ms", justify="right")
     grid.add_column("publish→handler p50/p99 ms", justify="right")
@@ -139,6 +172,7 @@ def table(results: Results) -> Table:
             f"{case.messages_per_s:,.0f}",
             f"{case.ratio:.2f}" if case.ratio is not None else "-",
             ("≥ " + f"{case.target:g}" + _verdict(case.met)) if case.target else "",
+            _to_redis(case),
             f"{case.cpu_us:,.0f}",
             _latency(run, "delivery_to_ack") + p99,
             _latency(run, "publish_to_handler"),
@@ -152,11 +186,11 @@ def table(results: Results) -> Table:
         for in_flight, pairs in pt["semel_store_pairs_per_s"].items():
             grid.add_row(
                 f"semel store alone, {in_flight} in flight (pairs/s; CPU µs per pair)",
-                f"{pairs:,.0f}", "", "", f"{client[in_flight]:,.0f}",
+                f"{pairs:,.0f}", "", "", "", f"{client[in_flight]:,.0f}",
             )  # fmt: skip
             if in_flight in server:
                 grid.add_row(
-                    f"  the server's CPU per pair, {in_flight} in flight", "", "", "",
+                    f"  the server's CPU per pair, {in_flight} in flight", "", "", "", "",
                     f"{server[in_flight]:,.0f}",
                 )  # fmt: skip
         grid.add_row(

@@ -19,7 +19,7 @@ from tests.servers import ROOT
 
 pytestmark = pytest.mark.slow
 
-STORES = ["sqlite", "redis"]
+STORES = ["sqlite", "redis", "redis-cluster"]
 CASES = {
     "baseline (bare aio-pika)",
     "semel-sqlite-unique",
@@ -27,6 +27,8 @@ CASES = {
     "semel-redis-unique",
     "semel-redis-duplicates",
     "semel-redis-unique-2procs",
+    "semel-redis-cluster-unique",
+    "semel-redis-cluster-duplicates",
 }
 
 
@@ -55,6 +57,12 @@ def test_quick_run_measures_every_case(
         assert case["messages_per_s"] > 0
         assert case["ratio"] > 0
         assert len(case["rates"]) == results["meta"]["repeat"]
+    # The cluster is compared with one Redis server of the same run, too.
+    for keys in ("unique", "duplicates"):
+        cluster = cases[f"semel-redis-cluster-{keys}"]
+        assert cluster["ratio_to_redis"] > 0
+        assert cluster["redis_target"] == 0.8
+    assert cases["semel-redis-unique"]["ratio_to_redis"] is None
     assert set(results["long_runs"]) == {"baseline", *STORES}
     for run in results["long_runs"].values():
         assert run["rss_first_mb"] > 0
