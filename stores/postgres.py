@@ -230,10 +230,15 @@ class PostgresStore(Store):
             # A schema change may wait for locks or build an index: no deadline
             # for it, and the connection's own one back afterwards.
             await cur.execute("SET statement_timeout = 0")
+            # Two migrations at once (two workers starting, a Job beside them)
+            # would race in CREATE ... IF NOT EXISTS, which PostgreSQL answers
+            # with a unique violation on its catalog: one at a time.
+            await cur.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK,))
             try:
                 for statement in schema(self._table):
                     await cur.execute(statement)
             finally:
+                await cur.execute("SELECT pg_advisory_unlock(%s)", (MIGRATE_LOCK,))
                 await cur.execute("RESET statement_timeout")
         return []
 
@@ -243,6 +248,9 @@ class PostgresStore(Store):
 
     async def close(self) -> None:
         await self._pool.close()
+
+
+MIGRATE_LOCK = 0x73656D656C  # "semel": the advisory lock semel's migrations take turns on
 
 
 def pool_size(connections: int, bounds: tuple[int, int] = POOL_MAX) -> int:

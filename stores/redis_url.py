@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit
 
 SENTINEL_PORT = 26379
 REDIS_PORT = 6379
@@ -57,12 +57,28 @@ class RedisTarget:
         return f"{self.url}{netloc}{self.url_tail}"
 
 
-def parse(url: str) -> RedisTarget:
-    """The Redis ``url`` names; :class:`ValueError` saying what is wrong, without the URL."""
+def _split(url: str) -> tuple[SplitResult, str]:
+    """The URL's parts, and its network location taken apart by hand.
+
+    Several hosts with an IPv6 one among them (``n1:7000,[::1]:7001``) are
+    refused by ``urlsplit`` on some Python 3.11 releases (3.11.2, Debian
+    12's) and taken by others, so the hosts never go through it.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ValueError("not a parsable URL")
+    ends = [i for i in (rest.find(c) for c in "/?#") if i >= 0]
+    end = min(ends, default=len(rest))
     try:
-        parts = urlsplit(url)
+        parts = urlsplit(f"{scheme}://host{rest[end:]}")
     except ValueError:
         raise ValueError("not a parsable URL") from None
+    return parts, rest[:end]
+
+
+def parse(url: str) -> RedisTarget:
+    """The Redis ``url`` names; :class:`ValueError` saying what is wrong, without the URL."""
+    parts, netloc = _split(url)
     scheme, _, mode = parts.scheme.partition("+")
     if scheme not in ("redis", "rediss", "unix") or mode not in ("", "sentinel", "cluster"):
         raise ValueError(
@@ -73,7 +89,7 @@ def parse(url: str) -> RedisTarget:
         raise ValueError(f"a {mode} is reached over TCP: redis+{mode}:// or rediss+{mode}://")
     if not mode:
         return _standalone(url)
-    userinfo, _, netloc = parts.netloc.rpartition("@")
+    userinfo, _, netloc = netloc.rpartition("@")
     default_port = SENTINEL_PORT if mode == "sentinel" else REDIS_PORT
     hosts = tuple(_address(h, default_port) for h in netloc.split(","))
     options = parse_qsl(parts.query, keep_blank_values=True)
