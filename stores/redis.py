@@ -28,7 +28,6 @@ from stores.redis_cluster import RedisClusterStore
 from stores.redis_errors import CLUSTER
 from stores.redis_eval import Script, ScriptCall
 from stores.redis_pools import (
-    CLOSE_TIMEOUT,
     COMMAND_TIMEOUT,
     BlockingSentinelPool,
     close_sentinels,
@@ -78,13 +77,9 @@ class RedisStore(RedisScripts):
             self._following.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._following
-        # Bounded: a primary demoted or cut off mid-failover can leave a
-        # connection's close waiting, and a worker's shutdown must not.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(CLOSE_TIMEOUT):
-                await self._client.aclose()
-                if isinstance(self._pool, BlockingSentinelPool):
-                    await close_sentinels(self._pool)
+        await self._client.aclose()
+        if isinstance(self._pool, BlockingSentinelPool):
+            await close_sentinels(self._pool)
 
 
 async def open_store(

@@ -30,8 +30,6 @@ CONNECT_TIMEOUT = 2.0
 """Seconds to open a connection: a stopped server shows up this fast."""
 COMMAND_TIMEOUT = 3.0
 """Seconds to wait for a reply; a script never runs near this long, nor does a ``WAIT``."""
-CLOSE_TIMEOUT = 2 * COMMAND_TIMEOUT
-"""Seconds a store's close waits for its connections; then they are dropped as they are."""
 POOL_WAIT = 5.0
 """Seconds an operation waits for a free pooled connection; then the store counts as down."""
 
