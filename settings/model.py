@@ -74,8 +74,13 @@ _REDIS_SCHEMES = (
 def _check_redis_url(value: str) -> str:
     """One server, a Sentinel-managed primary or a Cluster (stores.redis_url reads the
     URL; this refuses what it could not read, without ever echoing the URL)."""
+    # The hosts are split by hand: several hosts with an IPv6 one among them
+    # are refused by urlsplit on some Python 3.11 releases (3.11.2, Debian 12's).
+    scheme, _, rest = value.partition("://")
+    end = min([i for i in (rest.find(c) for c in "/?#") if i >= 0], default=len(rest))
+    netloc = rest[:end]
     try:
-        parts = urlsplit(value)
+        parts = urlsplit(f"{scheme}://host{rest[end:]}")
     except ValueError:
         raise ValueError("not a parsable URL") from None
     if parts.scheme not in _REDIS_SCHEMES:
@@ -83,7 +88,7 @@ def _check_redis_url(value: str) -> str:
     mode = parts.scheme.partition("+")[2]
     if not mode:
         return _check_url(value, _REDIS_SCHEMES)
-    for host in parts.netloc.rpartition("@")[2].split(","):
+    for host in netloc.rpartition("@")[2].split(","):
         try:
             if not urlsplit(f"//{host}").hostname:
                 raise ValueError("every host needs a name")
