@@ -89,9 +89,13 @@ def missing() -> str | None:
             return f"no {tool} command"
     probe = f"{NAMESPACE_PREFIX}probe-{os.getpid()}"
     made = _sh("ip", "netns", "add", probe, check=False)
+    # Inside a chroot or a container a namespace may be made but not entered
+    # (ip netns exec needs to mount sysfs): both must work.
+    entered = _sh("ip", "netns", "exec", probe, "ip", "link", "set", "lo", "up", check=False)
     _sh("ip", "netns", "del", probe, check=False)
-    if made.returncode != 0:
-        return f"cannot create a network namespace: {made.stderr.decode().strip()}"
+    for step in (made, entered):
+        if step.returncode != 0:
+            return f"cannot use a network namespace: {step.stderr.decode().strip()}"
     return None
 
 
