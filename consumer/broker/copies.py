@@ -54,6 +54,12 @@ def copy_message(message: Incoming, headers: dict[str, Any]) -> aio_pika.Message
     )
 
 
+def fresh_copy(message: Incoming) -> aio_pika.Message:
+    """``message`` published anew: its headers as they are, the broker's dropped, so the
+    broker's delivery count starts again at 0 (see ``names.RETURNS_BEFORE_DETOUR``)."""
+    return copy_message(message, carried_headers(message.headers))
+
+
 def _semel_headers(facts: Facts, attempts: int) -> dict[str, Any]:
     return {
         H_ATTEMPTS: attempts,

@@ -33,7 +33,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from aiormq.exceptions import AMQPError, ChannelInvalidStateError
 
 from consumer import names
-from consumer.broker.copies import carried_headers, copy_message
+from consumer.broker.copies import carried_headers, copy_message, fresh_copy
 from consumer.broker.publishing import BROKER_TROUBLE, Published, publish_confirmed
 from consumer.names import (
     BROKER_CALL_TIMEOUT,
@@ -203,7 +203,7 @@ async def _refreshed(
     """Whether ``message`` was replaced by a confirmed copy at the queue's tail."""
     if returns(message.headers or {}) + 1 < RETURNS_BEFORE_DETOUR:
         return False
-    copy = copy_message(message, carried_headers(message.headers or {}))
+    copy = fresh_copy(message)
     try:
         answer = await publish_confirmed(channel.default_exchange, copy, queue)
     except BROKER_TROUBLE:

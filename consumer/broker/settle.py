@@ -16,7 +16,7 @@ import asyncio
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractExchange
 
-from consumer.broker.copies import carried_headers, copy_message, dead_letter_copy, retry_copy
+from consumer.broker.copies import dead_letter_copy, fresh_copy, retry_copy
 from consumer.broker.publishing import BROKER_TROUBLE, Published, publish_confirmed
 from consumer.delivery.decide import (
     Applied,
@@ -64,7 +64,7 @@ class Settler:
             exchange = self._retry_exchange
             routing_key = self._names.tier_routing_key(decision.delay)
         elif isinstance(decision, Detour):
-            copy = copy_message(message, carried_headers(message.headers))
+            copy = fresh_copy(message)
             exchange, routing_key = self._retry_exchange, self._names.conflict_routing_key
         else:
             copy = dead_letter_copy(message, facts, decision)
