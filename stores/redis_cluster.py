@@ -1,17 +1,12 @@
 """The Redis store on a Redis Cluster: a batch split by hash slot, one round trip per node.
 
-The key layout is the one-server layout, ``<prefix>:<key>``, with no hash
-tag: keys spread over all 16384 slots, so over every primary whatever their
-number, and a resharding moves semel's keys as it moves anyone's. A script
-call may only take keys of one slot, so a batch becomes one call per slot
-its keys fall in (nearly one per key), each the batch script over its keys
-and deciding each key as if alone; the calls for one node go out together,
-with the ``WAIT`` of the writes, and are answered together: a batch costs
-one round trip per node it touches, taken side by side. Grouping keys under
-a few hash tags would make fewer calls but pin every key to those few
-slots: the load of a cluster with more nodes than tags, or whose tags fall
-unevenly, would sit on some primaries only, and a resharding would move
-all of a tag's keys at once or none of them.
+A key is stored under one of 64 hash tags (:mod:`stores.redis_buckets`),
+``<prefix>:{<tag>}:<key>``. A script call may only take keys of one slot,
+so a batch becomes one call per tag its keys fall in (at most 64), each the
+batch script over its keys and deciding each key as if alone; the calls for
+one node go out together, with the ``WAIT`` of the writes, and are answered
+together: a batch costs one round trip per node it touches, taken side by
+side.
 
 Redirections are followed where they prove the call did not run: ``MOVED``
 (the slot is served elsewhere now: the map learns it) and ``ASK`` (the
@@ -35,6 +30,7 @@ from redis.exceptions import AskError, ClusterDownError, MovedError, ReadOnlyErr
 
 from stores.base import StoreConfig
 from stores.redis_base import Call, RedisScripts
+from stores.redis_buckets import stored_key
 from stores.redis_eval import Script, ScriptCall, pack, send
 from stores.redis_setup import merged, server_facts, warnings_of
 from stores.redis_slots import SlotMap
@@ -57,6 +53,9 @@ class RedisClusterStore(RedisScripts):
     ) -> None:
         super().__init__(config, replicas_ack)
         self._slots = SlotMap(target, connections)
+
+    def _key(self, key: str) -> bytes:
+        return stored_key(self._prefix, key)
 
     def _split(self, keys: Sequence[bytes]) -> list[list[int]]:
         parts: dict[int, list[int]] = {}

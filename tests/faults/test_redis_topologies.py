@@ -14,6 +14,7 @@ from redis.crc import key_slot
 
 from settings import Settings
 from stores.base import Status, Store
+from stores.redis_buckets import stored_key
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
 from tests.consumer.handlers import read_ledger
 from tests.consumer.harness import Broker, eventually
@@ -124,9 +125,8 @@ async def test_a_resharding_mid_stream_loses_nothing_and_runs_nothing_twice(
     moved = {s for n in redis_cluster.primaries() if n.id == target.id for s in n.slots}
     moved -= set(target.slots)
     assert len(moved) == 3000
-    travelled = [
-        k for k in keys if key_slot(settings.key_prefix.encode() + b":" + k.encode()) in moved
-    ]
+    prefix = f"{settings.key_prefix}:".encode()
+    travelled = [k for k in keys if key_slot(stored_key(prefix, k)) in moved]
     assert len(travelled) >= 10, "too few keys in the slots that moved"
     assert await asyncio.to_thread(_redirections, redis_cluster) > redirected
     await assert_all_completed(store, keys)

@@ -16,6 +16,7 @@ from redis.exceptions import AskError, ClusterCrossSlotError, MovedError, TryAga
 from settings import Settings
 from stores.base import ClaimRequest, Completion, Outcome, Status, Store
 from stores.errors import StoreMisconfigured, StoreUnavailable
+from stores.redis_buckets import stored_key
 from stores.redis_errors import store_error
 from stores.redis_setup import FEW_REPLICAS, NO_PERSISTENCE
 from stores.redis_slots import NOT_A_CLUSTER
@@ -68,7 +69,7 @@ async def test_a_batch_costs_one_round_trip_per_node(
     assert await store.complete_many([Completion(c.record.key, c.fence, b"1") for c in warm])
     owners = _owners(redis_cluster)
     keys = [f"rt{i}" for i in range(300)]
-    slots = {key_slot(store.config.namespaced(k).encode()) for k in keys}
+    slots = {key_slot(_stored(store, k)) for k in keys}
     nodes = {owners[slot].port: owners[slot] for slot in slots}
     assert len(nodes) == 3
     before = {port: _commandstats(redis_cluster, node) for port, node in nodes.items()}
@@ -90,20 +91,26 @@ async def test_a_batch_costs_one_round_trip_per_node(
         assert calls["cmdstat_eval"] == 0
 
 
-async def test_keys_keep_the_layout_of_one_server(
+def _stored(store: Store, key: str) -> bytes:
+    return stored_key(store.config.namespaced("").encode(), key)
+
+
+async def test_keys_are_kept_under_their_bucket_tag(
     make_store: StoreFactory, redis_cluster: Cluster
 ) -> None:
     store = await make_store(retention=60.0, lock_ttl=5.0)
     claim = await store.claim("k", FP)
     assert await store.complete("k", claim.fence, [1])
-    key = store.config.namespaced("k").encode()  # no hash tag: the key's own slot
+    key = _stored(store, "k")
+    assert key.startswith(f"{store.config.key_prefix}:{{".encode())
+    assert key.endswith(b"}:k")
     owner = _owners(redis_cluster)[key_slot(key)]
     with redis_cluster.server(owner.port).client() as client:
         assert client.type(key) == b"hash"
         assert 55_000 < client.pttl(key) <= 60_000
 
 
-def _asking(client: Redis, *command: str) -> object:
+def _asking(client: Redis, *command: str | bytes) -> object:
     """``command`` on a node importing its key's slot, which needs ASKING before it."""
     with client.pipeline(transaction=False) as pipe:
         pipe.execute_command("ASKING")  # type: ignore[no-untyped-call]
@@ -115,10 +122,10 @@ async def test_a_slot_on_the_move_is_followed_and_a_split_key_set_waits(
     make_store: StoreFactory, redis_cluster: Cluster
 ) -> None:
     store = await make_store()
-    # Keys of one slot, through a hash tag of their own.
-    tag = f"{{{store.config.key_prefix}}}"
-    old, new = f"old{tag}", f"new{tag}"
-    slot = key_slot(store.config.namespaced(old).encode())
+    # Two keys of one bucket, so of one slot.
+    old = "old"
+    slot = key_slot(_stored(store, old))
+    new = next(k for k in (f"new{i}" for i in range(1000)) if key_slot(_stored(store, k)) == slot)
     source = _owners(redis_cluster)[slot]
     target = next(n for n in redis_cluster.primaries() if n.id != source.id)
     held = await store.claim(old, FP)
@@ -131,9 +138,9 @@ async def test_a_slot_on_the_move_is_followed_and_a_split_key_set_waits(
         # The source holds `old` and answers for it; `new` it does not hold: ASK.
         fresh = await store.claim(new, FP)
         assert fresh.outcome is Outcome.CLAIMED
-        assert _asking(importing, "EXISTS", store.config.namespaced(new)) == 1
+        assert _asking(importing, "EXISTS", _stored(store, new)) == 1
         with pytest.raises(AskError):  # the source holds no such key: asked elsewhere
-            migrating.exists(store.config.namespaced(new))
+            migrating.exists(_stored(store, new))
         assert (await store.claim(old, FP)).outcome is Outcome.IN_PROGRESS
         record = await store.get(new)
         assert record is not None
@@ -144,7 +151,7 @@ async def test_a_slot_on_the_move_is_followed_and_a_split_key_set_waits(
         assert isinstance(info.value.__cause__, TryAgainError)
 
         # The migration ends: `old` moves, the slot is the target's (MOVED from now on).
-        name = store.config.namespaced(old)
+        name = _stored(store, old)
         migrate = ("MIGRATE", HOST, target.port, "", 0, 5000, "KEYS", name)
         migrating.execute_command(*migrate)  # type: ignore[no-untyped-call]
         for node in redis_cluster.primaries():

@@ -12,6 +12,7 @@ from redis.crc import key_slot
 
 from settings import Settings
 from stores.base import Outcome, Store
+from stores.redis_buckets import stored_key
 from tests.conftest import REDIS_TOPOLOGIES, SettingsFactory, StoreFactory, open_store, settings_env
 from tests.redis_process import Server
 from tests.redis_servers import Cluster, SentinelSet
@@ -40,6 +41,8 @@ async def test_a_forgotten_key_is_claimed_with_a_higher_fence(
     second = await store.claim("k", FP)
     assert second.fence == first.fence + 1
     key = store.config.namespaced("k").encode()
+    if isinstance(topology, Cluster):
+        key = stored_key(store.config.namespaced("").encode(), "k")
     with _holder(topology, key).client() as client:
         assert client.delete(key) == 1  # as an eviction, or a failover losing it, does
 
