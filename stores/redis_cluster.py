@@ -58,9 +58,11 @@ class RedisClusterStore(RedisScripts):
         return stored_key(self._prefix, key)
 
     def _split(self, keys: Sequence[bytes]) -> list[list[int]]:
-        parts: dict[int, list[int]] = {}
+        # Grouped by the tag itself, which names the slot: no CRC per key.
+        parts: dict[bytes, list[int]] = {}
+        start = len(self._prefix)
         for i, key in enumerate(keys):
-            parts.setdefault(key_slot(key), []).append(i)
+            parts.setdefault(key[start : key.index(b"}", start)], []).append(i)
         return list(parts.values())
 
     async def _run(self, script: Script, calls: Sequence[Call], *, write: bool = True) -> list[Any]:

@@ -7,21 +7,28 @@ arguments that encoder costs several times the packing of bytes done here.
 Script calls are packed once into RESP and written together, and their
 replies read in order, on a connection borrowed from the client's own pool:
 several calls to one server (a Cluster node's share of a batch) and the
-``WAIT`` after them cost one round trip. The connection layer still drops a
-connection on any error but a server error reply, exactly as under
-``execute_command``, so a connection never goes back to the pool half read;
-an error reply is read whole and handed back in place of its call's reply.
+``WAIT`` after them cost one round trip. The replies of a round trip share
+one deadline, the connection's socket timeout, rather than one each: a
+timer per reply cost a Cluster batch of 60 calls more than its parsing. The
+connection layer still drops a connection on any error but a server error
+reply, exactly as under ``execute_command`` (a deadline that passes cancels
+the read, which drops it too), so a connection never goes back to the pool
+half read; an error reply is read whole and handed back in place of its
+call's reply.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import ConnectionPool
 from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 
 class Script:
@@ -47,7 +54,8 @@ def _bulk(arg: bytes) -> bytes:
 
 def pack(*args: bytes) -> bytes:
     """One command in RESP; every argument is bytes already."""
-    return b"".join((b"*%d\r\n" % len(args), *map(_bulk, args)))
+    # Inline rather than _bulk per argument: a batch packs hundreds of them.
+    return b"*%d\r\n" % len(args) + b"".join([b"$%d\r\n%s\r\n" % (len(a), a) for a in args])
 
 
 def pack_script(script: Script, keys: Sequence[bytes], args: Sequence[bytes]) -> bytes:
@@ -82,14 +90,24 @@ async def send(pool: ConnectionPool, commands: Sequence[bytes]) -> list[Any]:
     try:
         await conn.send_packed_command(b"".join(commands))
         replies: list[Any] = []
-        for _ in commands:
-            try:
-                replies.append(await conn.read_response(disable_decoding=True))
-            except ResponseError as error:  # read whole: the next reply follows
-                replies.append(error)
+        try:
+            async with asyncio.timeout(conn.socket_timeout):
+                for _ in commands:
+                    try:
+                        # No timer of its own (math.inf): the round trip's deadline holds.
+                        replies.append(await conn.read_response(True, math.inf))
+                    except ResponseError as error:  # read whole: the next reply follows
+                        replies.append(error)
+        except TimeoutError:  # the read was cancelled, and the connection dropped
+            raise RedisTimeoutError(f"Timeout reading from {_where(conn)}") from None
         return replies
     finally:
         await pool.release(conn)
+
+
+def _where(conn: Any) -> str:
+    host, port = getattr(conn, "host", None), getattr(conn, "port", None)
+    return f"{host}:{port}" if host else "the Redis server"
 
 
 async def run_scripts(

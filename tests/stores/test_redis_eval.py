@@ -3,13 +3,16 @@ the NOSCRIPT retry, ASKING, and the WAIT after them."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from redis.exceptions import MovedError, NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from stores.redis_eval import ASKING, Script, ScriptCall, pack, pack_script, run_scripts
+from stores.redis_eval import ASKING, Script, ScriptCall, pack, pack_script, run_scripts, send
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -19,6 +22,8 @@ WAIT = pack(b"WAIT", b"1", b"100")
 
 class Scripted:
     """A pool of one fake connection answering each round with the next list of replies."""
+
+    socket_timeout = 1.0
 
     def __init__(self, *rounds: Sequence[Any]) -> None:
         self.rounds = [list(r) for r in rounds]
@@ -35,7 +40,9 @@ class Scripted:
         self.sent.append(command)
         self._replies = self.rounds.pop(0)
 
-    async def read_response(self, disable_decoding: bool) -> Any:
+    async def read_response(self, disable_decoding: bool, limit: float | None = None) -> Any:
+        if not self._replies:  # a server that stopped answering
+            await asyncio.Event().wait()
         reply = self._replies.pop(0)
         if isinstance(reply, Exception):
             raise reply
@@ -82,3 +89,14 @@ async def test_a_wait_a_demoted_primary_refuses_acknowledges_nothing() -> None:
     pool = Scripted([b"a", ResponseError("NOPERM no WAIT for you")])
     with pytest.raises(ResponseError, match="NOPERM"):
         await run_scripts(pool, [call(b"a")], WAIT)  # type: ignore[arg-type]
+
+
+async def test_the_replies_of_a_round_trip_share_one_deadline() -> None:
+    # Two replies of three come; the third never does: the round trip ends at the
+    # connection's socket timeout, as the store's timeout error.
+    pool = Scripted([b"a", b"b"])
+    pool.socket_timeout = 0.3
+    started = time.monotonic()
+    with pytest.raises(RedisTimeoutError):
+        await send(pool, [b"x", b"y", b"z"])  # type: ignore[arg-type]
+    assert 0.3 <= time.monotonic() - started < 2
