@@ -3,7 +3,7 @@
 A script call may only take keys of one hash slot. With keys spread over
 all 16384 slots, a batch of a few hundred keys is a call per key, and each
 call costs the client a packed command, a reply to read and decode, and the
-server a script run and its replication: three times the client's CPU per
+server a script run and its replication: about five times the client's CPU per
 key of one call per batch. So a key is stored under one of :data:`BUCKETS`
 hash tags, ``<prefix>:{<tag>}:<key>``, the bucket a stable hash of the key:
 a batch of 256 keys becomes about 63 calls, whatever its size beyond that
