@@ -79,12 +79,18 @@ class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
         await super().release(connection)
 
     async def follow(self) -> None:
-        """Ask the sentinels where the primary is, every :data:`SENTINEL_POLL`, for ever;
-        when it moved, idle connections close now and busy ones when released."""
+        """Ask the sentinels where the primary is, every :data:`SENTINEL_POLL`, until
+        cancelled; when it moved, idle connections close now and busy ones when released."""
+        task = asyncio.current_task()
         while True:
             await asyncio.sleep(SENTINEL_POLL)
             with contextlib.suppress(RedisError, OSError):
                 await self.get_master_address()  # type: ignore[no-untyped-call]
+            # A cancellation that lands as a read times out comes back from Python
+            # 3.11's asyncio.timeout as a TimeoutError, suppressed above: without
+            # this check the loop outlived the store's close, which waited on it for ever.
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError
 
 
 def sentinel_pool(target: RedisTarget, connections: int) -> BlockingSentinelPool:

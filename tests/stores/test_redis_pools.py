@@ -1,0 +1,40 @@
+"""The Sentinel pool's poll of the sentinels ends when cancelled, whatever redis-py makes of it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from stores import redis_pools
+from stores.redis_pools import sentinel_pool
+from stores.redis_url import parse
+
+pytestmark = pytest.mark.timeout(10)
+
+
+async def test_a_cancel_turned_into_a_timeout_still_ends_the_poll(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Python 3.11's asyncio.timeout can hand a cancellation that lands as its own
+    # deadline passes back as TimeoutError; redis-py raises its own TimeoutError.
+    monkeypatch.setattr(redis_pools, "SENTINEL_POLL", 0.01)
+    pool = sentinel_pool(parse("redis+sentinel://127.0.0.1:1/mymaster"), 2)
+    asked = asyncio.Event()
+
+    async def swallowing() -> None:
+        asked.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            raise RedisTimeoutError("Timeout reading from 127.0.0.1:1") from None
+
+    monkeypatch.setattr(pool, "get_master_address", swallowing)
+    following = asyncio.create_task(pool.follow())
+    await asyncio.wait_for(asked.wait(), 5)
+    following.cancel()
+    done, _ = await asyncio.wait({following}, timeout=5)
+    assert done, "the poll outlived its cancellation"
+    assert following.cancelled()
+    await redis_pools.close_sentinels(pool)
