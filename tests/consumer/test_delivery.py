@@ -189,7 +189,10 @@ async def test_dead_workers_claim_is_taken_over_with_a_higher_fence(
     await finished(consumer, broker, settings, dead_letters=0)
 
     (takeover,) = runs(ledger, "held")
-    assert takeover["fence"] == held.fence + 1
+    # Higher, not always one higher: a takeover claim whose answer missed the call
+    # deadline may have landed and been released, and the next claim goes higher
+    # still (seen with moto on a loaded machine).
+    assert takeover["fence"] > held.fence
     assert takeover["routing_key"] == ROUTING_KEY  # the producer's, after a conflict
     # It waited in the conflict queue while the dead worker's lease ran out.
     assert sampler.saw(Topology(settings.queue).conflict_queue) >= 1
