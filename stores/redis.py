@@ -15,7 +15,6 @@ out as an outage, the store is on the new primary by itself
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,8 +49,10 @@ class RedisStore(RedisScripts):
         super().__init__(config, replicas_ack)
         self._client = client
         self._pool = client.connection_pool
+        self._sentinels: BlockingSentinelPool | None = None
         self._following: asyncio.Task[None] | None = None
         if isinstance(self._pool, BlockingSentinelPool):
+            self._sentinels = self._pool
             self._following = asyncio.get_running_loop().create_task(self._pool.follow())
 
     def _split(self, keys: Sequence[bytes]) -> list[list[int]]:
@@ -73,13 +74,11 @@ class RedisStore(RedisScripts):
         await self._call(self._client.ping)
 
     async def close(self) -> None:
-        if self._following is not None:
-            self._following.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._following
+        if self._sentinels is not None and self._following is not None:
+            await self._sentinels.stop(self._following)
         await self._client.aclose()
-        if isinstance(self._pool, BlockingSentinelPool):
-            await close_sentinels(self._pool)
+        if self._sentinels is not None:
+            await close_sentinels(self._sentinels)
 
 
 async def open_store(

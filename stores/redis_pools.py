@@ -78,19 +78,24 @@ class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
             await connection.disconnect()  # to a primary the sentinels no longer name
         await super().release(connection)
 
+    _stopped = False
+
     async def follow(self) -> None:
         """Ask the sentinels where the primary is, every :data:`SENTINEL_POLL`, until
-        cancelled; when it moved, idle connections close now and busy ones when released."""
-        task = asyncio.current_task()
-        while True:
+        :meth:`stop`; when it moved, idle connections close now and busy ones when released."""
+        while not self._stopped:
             await asyncio.sleep(SENTINEL_POLL)
             with contextlib.suppress(RedisError, OSError):
                 await self.get_master_address()  # type: ignore[no-untyped-call]
-            # A cancellation that lands as a read times out comes back from Python
-            # 3.11's asyncio.timeout as a TimeoutError, suppressed above: without
-            # this check the loop outlived the store's close, which waited on it for ever.
-            if task is not None and task.cancelling():
-                raise asyncio.CancelledError
+
+    async def stop(self, following: asyncio.Task[None]) -> None:
+        """End ``following`` (a task running :meth:`follow`): told to stop and cancelled.
+        The flag ends the loop even if redis-py hands the cancel back as a timeout
+        error, which the loop suppresses: a store's close once waited on it for ever."""
+        self._stopped = True
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
 
 
 def sentinel_pool(target: RedisTarget, connections: int) -> BlockingSentinelPool:
