@@ -38,12 +38,15 @@ lint: $(BIN)/.installed
 # workers, one test file each at a time, keep it within minutes on two cores.
 PYTEST_WORKERS ?= 4
 
-# The RabbitMQ cluster's tests (tests/cluster: three nodes, a partition timed
-# against the net tick) run on their own after the rest: beside four busy
-# test workers on two cores, a node can miss its own timing.
+# Two kinds of tests run on their own after the rest: the RabbitMQ cluster's
+# (tests/cluster: three nodes, a partition timed against the net tick) and the
+# slow store's (no lease may lapse while three workers wait on a slow proxy).
+# Beside four busy test workers on two cores, a process can go without the
+# CPU for longer than a lease or a tick, which is not what they test.
+SERIAL_TESTS = tests/cluster tests/faults/test_slow_store.py
 test: lint services
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --ignore=tests/cluster
-	$(BIN)/pytest tests/cluster
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile $(SERIAL_TESTS:%=--ignore=%)
+	$(BIN)/pytest $(SERIAL_TESTS)
 
 # The broker's tests again on RabbitMQ 4.0, run from a Debian 13 root that
 # tests/rabbitmq4.py builds once per machine (root needed) outside the checkout.

@@ -168,17 +168,20 @@ async def test_lost_lease_cancels_or_fences_out_the_old_run(
             await asyncio.wait({consumer.task}, timeout=30)
         await faulty.close()
 
-    first = {}
+    first, second = {}, {}
     for key in ("cancelled", "fenced"):
         record = await store.get(key)
         assert record is not None
-        first[key], second = [e["fence"] for e in runs(ledger, key)]
-        assert second == first[key] + 1  # taken over
-        assert record.result == {"key": key, "fence": second}  # the new owner's result stands
+        first[key], second[key] = [e["fence"] for e in runs(ledger, key)]
+        # Taken over: one higher, or more where a claim answered too late under
+        # load was given back and the next one went higher again.
+        assert second[key] > first[key]
+        # The new owner's result stands.
+        assert record.result == {"key": key, "fence": second[key]}
     # Cancelled before it could finish; the fenced one finished but could not complete.
-    assert [e["fence"] for e in runs(ledger, "cancelled", "end")] == [first["cancelled"] + 1]
-    fenced = first["fenced"]
-    assert [e["fence"] for e in runs(ledger, "fenced", "end")] == [fenced, fenced + 1]
+    assert [e["fence"] for e in runs(ledger, "cancelled", "end")] == [second["cancelled"]]
+    ends = [first["fenced"], second["fenced"]]
+    assert [e["fence"] for e in runs(ledger, "fenced", "end")] == ends
 
 
 @pytest.mark.parametrize("backend", CONSUMER_BACKENDS)
