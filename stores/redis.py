@@ -14,7 +14,6 @@ out as an outage, the store is on the new primary by itself
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,10 +49,9 @@ class RedisStore(RedisScripts):
         self._client = client
         self._pool = client.connection_pool
         self._sentinels: BlockingSentinelPool | None = None
-        self._following: asyncio.Task[None] | None = None
         if isinstance(self._pool, BlockingSentinelPool):
             self._sentinels = self._pool
-            self._following = asyncio.get_running_loop().create_task(self._pool.follow())
+            self._sentinels.follow()
 
     def _split(self, keys: Sequence[bytes]) -> list[list[int]]:
         return [list(range(len(keys)))]
@@ -74,8 +72,8 @@ class RedisStore(RedisScripts):
         await self._call(self._client.ping)
 
     async def close(self) -> None:
-        if self._sentinels is not None and self._following is not None:
-            await self._sentinels.stop(self._following)
+        if self._sentinels is not None:
+            await self._sentinels.stop()
         await self._client.aclose()
         if self._sentinels is not None:
             await close_sentinels(self._sentinels)

@@ -79,23 +79,29 @@ class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
         await super().release(connection)
 
     _stopped = False
+    _following: asyncio.Task[None] | None = None
 
-    async def follow(self) -> None:
-        """Ask the sentinels where the primary is, every :data:`SENTINEL_POLL`, until
-        :meth:`stop`; when it moved, idle connections close now and busy ones when released."""
+    def follow(self) -> None:
+        """Ask the sentinels where the primary is, every :data:`SENTINEL_POLL`, in a task
+        of the running loop, until :meth:`stop`; when it moved, idle connections close
+        now and busy ones when released."""
+        self._following = asyncio.get_running_loop().create_task(self._poll())
+
+    async def _poll(self) -> None:
         while not self._stopped:
             await asyncio.sleep(SENTINEL_POLL)
             with contextlib.suppress(RedisError, OSError):
                 await self.get_master_address()  # type: ignore[no-untyped-call]
 
-    async def stop(self, following: asyncio.Task[None]) -> None:
-        """End ``following`` (a task running :meth:`follow`): told to stop and cancelled.
-        The flag ends the loop even if redis-py hands the cancel back as a timeout
-        error, which the loop suppresses: a store's close once waited on it for ever."""
+    async def stop(self) -> None:
+        """End the poll: told to stop and cancelled. The flag ends the loop even if
+        redis-py hands the cancel back as a timeout error, which the loop suppresses:
+        a store's close once waited on it for ever."""
         self._stopped = True
-        following.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await following
+        if self._following is not None:
+            self._following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._following
 
 
 def sentinel_pool(target: RedisTarget, connections: int) -> BlockingSentinelPool:

@@ -31,8 +31,9 @@ async def test_a_cancel_turned_into_a_timeout_still_ends_the_poll(
             raise RedisTimeoutError("Timeout reading from 127.0.0.1:1") from None
 
     monkeypatch.setattr(pool, "get_master_address", swallowing)
-    following = asyncio.create_task(pool.follow())
+    pool.follow()
     await asyncio.wait_for(asked.wait(), 5)
-    await asyncio.wait_for(pool.stop(following), 5)  # for ever before the fix
-    assert following.done()
+    await asyncio.wait_for(pool.stop(), 5)  # for ever before the fix
+    assert pool._following is not None
+    assert pool._following.done()
     await redis_pools.close_sentinels(pool)
