@@ -53,13 +53,17 @@ class RedisStore(RedisScripts):
             self._sentinels = self._pool
             self._sentinels.follow()
 
-    def _split(self, keys: Sequence[bytes]) -> list[list[int]]:
-        return [list(range(len(keys)))]
+    def _layout(self, keys: Sequence[str]) -> tuple[list[bytes], list[list[int]]]:
+        prefix = self._prefix
+        return [prefix + k.encode() for k in keys], [list(range(len(keys)))]
 
     async def _run(self, script: Script, calls: Sequence[Call], *, write: bool = True) -> list[Any]:
-        return await self._waited(
-            self._pool, script, [ScriptCall(script, c) for _, c in calls], write
+        (replies,) = await self._waited(
+            [(self._pool, [ScriptCall(script, c) for _, c in calls])], write
         )
+        if isinstance(replies, Exception):
+            raise replies
+        return replies
 
     async def warnings(self) -> list[str]:
         """What the server's set-up risks; a cluster node behind a plain URL is refused."""

@@ -13,7 +13,7 @@ across the gap by more than the time since the key's first claim.
 A batch (``claim_many`` / ``complete_many``) runs the same script over
 several keys in one call, each key decided as if alone, since a script runs
 atomically as a whole. Which keys one call may take is the subclass's to
-say (:meth:`RedisScripts._split`), and where a call runs
+say (:meth:`RedisScripts._layout`), and where a call runs
 (:meth:`RedisScripts._run`): one server takes a whole batch
 (:mod:`stores.redis`), a Redis Cluster one hash slot per call
 (:mod:`stores.redis_cluster`). Every script touches only the keys it
@@ -39,7 +39,6 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeGuard, TypeVar
 
-from redis.asyncio import ConnectionPool
 from redis.exceptions import RedisError
 
 from stores.base import (
@@ -54,8 +53,9 @@ from stores.base import (
 )
 from stores.errors import KeyRefused, StoreError
 from stores.redis_errors import NotReplicated, store_error
-from stores.redis_eval import Script, ScriptCall, pack, pack_script, run_scripts
+from stores.redis_eval import Args, Round, Script, pack, pack_script, run_scripts
 from stores.redis_replies import decode_claims, decode_completions, decode_record
+from stores.redis_wire import Replies
 
 WAIT_LIMIT = 2.0
 """Seconds a ``WAIT`` may take at most: its reply must come before the socket's timeout."""
@@ -101,7 +101,7 @@ def wait_timeout(config: StoreConfig) -> float:
 
 class RedisScripts(Store):
     """The store contract on Redis 5 or later, in Lua scripts; a subclass says where
-    a script runs (:meth:`_run`) and which keys one call may take (:meth:`_split`).
+    a script runs (:meth:`_run`) and which keys one call may take (:meth:`_layout`).
 
     From 5 on, scripts replicate by their effects, so a script may read
     ``TIME`` and then write.
@@ -124,9 +124,10 @@ class RedisScripts(Store):
         lock, live = b"%d" % self._lock_ms, b"%d" % self._live_ms
         self._retention = b"%d" % self._retention_ms
         self._heartbeat_args = (lock, live)
-        self._claim_args = (
+        self._claim_args = Args.of(
             lock, self._retention, live, b"%d" % config.max_claims, POISON_ERROR.encode()
-        )  # fmt: skip
+        )
+        self._complete_args = Args.of(self._retention)
         self.replicas_ack = replicas_ack
         self._wait_ms = _ms(wait_timeout(config))
         self._wait = pack(b"WAIT", b"%d" % replicas_ack, b"%d" % self._wait_ms)
@@ -135,8 +136,9 @@ class RedisScripts(Store):
         return self._prefix + key.encode()
 
     @abc.abstractmethod
-    def _split(self, keys: Sequence[bytes]) -> list[list[int]]:
-        """The positions of ``keys`` that one script call may take together, in parts."""
+    def _layout(self, keys: Sequence[str]) -> tuple[list[bytes], list[list[int]]]:
+        """``keys`` as stored, and their positions that one script call may take
+        together, in parts."""
 
     @abc.abstractmethod
     async def _run(self, script: Script, calls: Sequence[Call], *, write: bool = True) -> list[Any]:
@@ -146,22 +148,27 @@ class RedisScripts(Store):
         (:meth:`_waited`). Raises when no server could be asked at all.
         """
 
-    async def _waited(
-        self, pool: ConnectionPool, script: Script, calls: Sequence[ScriptCall], write: bool
-    ) -> list[Any]:
-        """``calls`` run on the server of ``pool`` in one round trip, with the ``WAIT`` of a
-        ``write``: a reply whose write too few replicas acknowledged comes back wrapped in
+    async def _waited(self, rounds: Sequence[Round], write: bool) -> list[Replies]:
+        """Each round's calls run on its server, all in one round trip (with the ``WAIT``
+        of a ``write``): for each server its replies, or the error that cut it off. A
+        reply whose write too few replicas acknowledged comes back wrapped in
         :class:`NotReplicated`."""
         wait = self._wait if write and self.replicas_ack else None
-        replies, acked = await run_scripts(pool, calls, wait)
-        if acked is None or acked >= self.replicas_ack:
-            return replies
-        return [
-            r
-            if isinstance(r, Exception)
-            else NotReplicated(acked, self.replicas_ack, self._wait_ms, r)
-            for r in replies
-        ]
+        answers: list[Replies] = []
+        for ran in await run_scripts(rounds, wait):
+            if isinstance(ran, Exception):
+                answers.append(ran)
+                continue
+            replies, acked = ran
+            if acked is not None and acked < self.replicas_ack:
+                replies = [
+                    r
+                    if isinstance(r, Exception)
+                    else NotReplicated(acked, self.replicas_ack, self._wait_ms, r)
+                    for r in replies
+                ]
+            answers.append(replies)
+        return answers
 
     async def _call(self, operation: Callable[[], Awaitable[T]], key: str | None = None) -> T:
         """Run ``operation``, its server's errors sorted (see :mod:`stores.redis_errors`);
@@ -200,16 +207,21 @@ class RedisScripts(Store):
         return await self._call(run, key)
 
     async def _batch(
-        self, script: Script, keys: list[bytes], args: Callable[[list[int]], list[bytes]]
+        self,
+        script: Script,
+        names: Sequence[str],
+        fixed: Args,
+        args: Callable[[list[int]], list[bytes]],
     ) -> tuple[list[list[int]], list[Any]]:
-        """``script`` over ``keys``, split as :meth:`_split` says; ``args`` are a part's
-        arguments. The parts, and a reply or an error for each."""
-        parts = self._split(keys)
+        """``script`` over the keys ``names``, split as :meth:`_layout` says; ``fixed``
+        the arguments of every call, then ``args`` a part's own. The parts, and a reply
+        or an error for each."""
+        keys, parts = self._layout(names)
         whole = len(parts) == 1  # no copy of the keys for the usual case
         calls = []
         for part in parts:
             part_keys = keys if whole else [keys[i] for i in part]
-            calls.append((part_keys[0], pack_script(script, part_keys, args(part))))
+            calls.append((part_keys[0], pack_script(script, part_keys, args(part), fixed)))
         return parts, await self._call(lambda: self._run(script, calls))
 
     async def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Claim | KeyRefused]:
@@ -217,9 +229,10 @@ class RedisScripts(Store):
             return []
 
         def args(part: list[int]) -> list[bytes]:
-            return [*self._claim_args, *(requests[i].fingerprint.encode() for i in part)]
+            return [requests[i].fingerprint.encode() for i in part]
 
-        parts, replies = await self._batch(CLAIM, [self._key(r.key) for r in requests], args)
+        keys = [r.key for r in requests]
+        parts, replies = await self._batch(CLAIM, keys, self._claim_args, args)
         claims: list[Claim | KeyRefused | None] = [None] * len(requests)
         failure: Exception | None = None
         for part, reply in zip(parts, replies, strict=True):
@@ -259,12 +272,13 @@ class RedisScripts(Store):
             return []
 
         def args(part: list[int]) -> list[bytes]:
-            packed = [self._retention]
+            packed: list[bytes] = []
             for i in part:
                 packed += (b"%d" % completions[i].fence, completions[i].data)
             return packed
 
-        parts, replies = await self._batch(COMPLETE, [self._key(c.key) for c in completions], args)
+        keys = [c.key for c in completions]
+        parts, replies = await self._batch(COMPLETE, keys, self._complete_args, args)
         for reply in replies:
             if isinstance(reply, Exception):  # written or not, the caller retries it all
                 self._raise(reply)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import zlib
 from binascii import crc_hqx
+from collections.abc import Sequence
 
 BUCKETS = 64
 SLOTS = 16384  # Redis Cluster's hash slots
@@ -48,3 +49,16 @@ def stored_key(prefix: bytes, key: str) -> bytes:
     """``key`` as a Redis Cluster holds it; ``prefix`` ends in the separator (``semel:``)."""
     raw = key.encode()
     return prefix + _TAGS[zlib.crc32(raw) % BUCKETS] + raw
+
+
+def layout(prefix: bytes, keys: Sequence[str]) -> tuple[list[bytes], list[list[int]]]:
+    """``keys`` as stored (:func:`stored_key`), and their positions grouped by tag,
+    each group in one hash slot; the hash is taken once per key for both."""
+    stored: list[bytes] = []
+    parts: dict[int, list[int]] = {}
+    for i, key in enumerate(keys):
+        raw = key.encode()
+        bucket = zlib.crc32(raw) % BUCKETS
+        stored.append(prefix + _TAGS[bucket] + raw)
+        parts.setdefault(bucket, []).append(i)
+    return stored, list(parts.values())

@@ -21,7 +21,6 @@ of the batch that were granted are given back (:mod:`stores.redis_base`).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,11 +29,12 @@ from redis.exceptions import AskError, ClusterDownError, MovedError, ReadOnlyErr
 
 from stores.base import StoreConfig
 from stores.redis_base import Call, RedisScripts
-from stores.redis_buckets import stored_key
-from stores.redis_eval import Script, ScriptCall, pack, send
+from stores.redis_buckets import layout, stored_key
+from stores.redis_eval import Script, ScriptCall, pack
 from stores.redis_setup import merged, server_facts, warnings_of
 from stores.redis_slots import SlotMap
 from stores.redis_url import Address, RedisTarget
+from stores.redis_wire import send
 
 REDIRECTS = 3
 """Redirections one call follows (a MOVED, then an ASK, then one more), then it is given up."""
@@ -47,6 +47,7 @@ class RedisClusterStore(RedisScripts):
     """The store on the cluster ``target`` names, pooling ``connections`` per node."""
 
     cluster = True
+    batches_in_flight = 2
 
     def __init__(
         self, config: StoreConfig, target: RedisTarget, connections: int, replicas_ack: int = 0
@@ -57,13 +58,8 @@ class RedisClusterStore(RedisScripts):
     def _key(self, key: str) -> bytes:
         return stored_key(self._prefix, key)
 
-    def _split(self, keys: Sequence[bytes]) -> list[list[int]]:
-        # Grouped by the tag itself, which names the slot: no CRC per key.
-        parts: dict[bytes, list[int]] = {}
-        start = len(self._prefix)
-        for i, key in enumerate(keys):
-            parts.setdefault(key[start : key.index(b"}", start)], []).append(i)
-        return list(parts.values())
+    def _layout(self, keys: Sequence[str]) -> tuple[list[bytes], list[list[int]]]:
+        return layout(self._prefix, keys)
 
     async def _run(self, script: Script, calls: Sequence[Call], *, write: bool = True) -> list[Any]:
         await self._slots.ready()
@@ -80,10 +76,7 @@ class RedisClusterStore(RedisScripts):
                     replies[i] = exc
                     continue
                 nodes.setdefault(node, []).append(i)
-            answers = await asyncio.gather(
-                *(self._node(node, script, [todo[i] for i in part], write)
-                  for node, part in nodes.items()),
-            )  # fmt: skip
+            answers = await self._nodes(nodes, todo, write)
             redirected: dict[int, ScriptCall] = {}
             asked = {}
             for part, answer in zip(nodes.values(), answers, strict=True):
@@ -104,19 +97,24 @@ class RedisClusterStore(RedisScripts):
         """The call to send again after ``reply`` proved it did not run."""
         if isinstance(reply, MovedError):
             self._slots.moved(reply.slot_id, reply.node_addr)
-            return dataclasses.replace(call, asking=False)
+            return call._replace(asking=False)
         asked[i] = reply.node_addr  # once, there: the slot stays the other node's meanwhile
-        return dataclasses.replace(call, asking=True)
+        return call._replace(asking=True)
 
-    async def _node(
-        self, node: Address, script: Script, calls: list[ScriptCall], write: bool
-    ) -> list[Any]:
-        """The replies of one node, or for each call the error that cut the node off."""
-        try:
-            return await self._waited(self._slots.pool(node), script, calls, write)
-        except Exception as exc:  # the calls may have run: none is sent again
-            self._slots.forget()
-            return [exc] * len(calls)
+    async def _nodes(
+        self, nodes: dict[Address, list[int]], todo: dict[int, ScriptCall], write: bool
+    ) -> list[list[Any]]:
+        """Each node's replies to its calls, all in one round trip; for a node that was
+        cut off, the error for each of its calls."""
+        rounds = [(self._slots.pool(node), [todo[i] for i in part]) for node, part in nodes.items()]
+        answers = await self._waited(rounds, write)
+        replies: list[list[Any]] = []
+        for part, answer in zip(nodes.values(), answers, strict=True):
+            if isinstance(answer, Exception):  # the calls may have run: none is sent again
+                self._slots.forget()
+                answer = [answer] * len(part)
+            replies.append(answer)
+        return replies
 
     async def ping(self) -> None:
         """Every primary answers and says the cluster is ``ok``: a primary away, or a

@@ -1,34 +1,23 @@
-"""EVALSHA on a pooled connection, with only the work a script call needs.
+"""EVALSHA packed by the store, with only the work a script call needs.
 
-redis-py's ``execute_command`` wraps every command in a retry loop (which
-the store sets to never resend), metric hooks and an encoder that accepts
-any argument type, one argument at a time; with a batch's hundreds of
-arguments that encoder costs several times the packing of bytes done here.
-Script calls are packed once into RESP and written together, and their
-replies read in order, on a connection borrowed from the client's own pool:
-several calls to one server (a Cluster node's share of a batch) and the
-``WAIT`` after them cost one round trip. The replies of a round trip share
-one deadline, the connection's socket timeout, rather than one each: a
-timer per reply cost a Cluster batch of 60 calls more than its parsing. The
-connection layer still drops a connection on any error but a server error
-reply, exactly as under ``execute_command`` (a deadline that passes cancels
-the read, which drops it too), so a connection never goes back to the pool
-half read; an error reply is read whole and handed back in place of its
-call's reply.
+redis-py's encoder takes any argument type, one argument at a time; with a
+batch's hundreds of arguments it costs several times the packing of bytes
+done here, and the arguments every call of a script shares are packed once
+(:class:`Args`). The calls for one server (all of a batch on one server, a
+node's share under Cluster) and the ``WAIT`` after them are written together
+and cost one round trip (:mod:`stores.redis_wire`), every server's at once.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from redis.asyncio import ConnectionPool
 from redis.exceptions import NoScriptError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from stores.redis_lender import Source
+from stores.redis_wire import exchange
 
 
 class Script:
@@ -37,39 +26,70 @@ class Script:
     def __init__(self, text: str) -> None:
         self.text = text.encode()
         self.sha = hashlib.sha1(self.text, usedforsecurity=False).hexdigest().encode()
-        self._sha_head = _bulk(b"EVALSHA") + _bulk(self.sha)
+        self.sha_head = _bulk(b"EVALSHA") + _bulk(self.sha)
         self._eval_head = _bulk(b"EVAL") + _bulk(self.text)
 
     def as_eval(self, command: bytes) -> bytes:
         """``command`` (from :func:`pack_script`) as ``EVAL``: the text in place of the SHA."""
         head = command.index(b"\r\n") + 2  # past the argument count, which stays
-        if not command.startswith(self._sha_head, head):
+        if not command.startswith(self.sha_head, head):
             raise ValueError("not an EVALSHA of this script")
-        return command[:head] + self._eval_head + command[head + len(self._sha_head) :]
+        return command[:head] + self._eval_head + command[head + len(self.sha_head) :]
 
 
 def _bulk(arg: bytes) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(arg), arg)
 
 
+def _bulks(args: Sequence[bytes]) -> bytes:
+    # Inline rather than _bulk per argument: a batch packs hundreds of them.
+    return b"".join([b"$%d\r\n%s\r\n" % (len(a), a) for a in args])
+
+
 def pack(*args: bytes) -> bytes:
     """One command in RESP; every argument is bytes already."""
-    # Inline rather than _bulk per argument: a batch packs hundreds of them.
-    return b"*%d\r\n" % len(args) + b"".join([b"$%d\r\n%s\r\n" % (len(a), a) for a in args])
+    return b"*%d\r\n" % len(args) + _bulks(args)
 
 
-def pack_script(script: Script, keys: Sequence[bytes], args: Sequence[bytes]) -> bytes:
-    """``EVALSHA sha numkeys key... arg...`` in RESP."""
-    return pack(b"EVALSHA", script.sha, b"%d" % len(keys), *keys, *args)
+class Args(NamedTuple):
+    """Script arguments that never change, packed once: under Cluster a batch is a
+    call per hash tag, and each would pack them again."""
+
+    number: int
+    packed: bytes
+
+    @classmethod
+    def of(cls, *args: bytes) -> Args:
+        return cls(len(args), _bulks(args))
+
+
+NO_ARGS = Args(0, b"")
+
+
+def pack_script(
+    script: Script, keys: Sequence[bytes], args: Sequence[bytes] = (), fixed: Args = NO_ARGS
+) -> bytes:
+    """``EVALSHA sha numkeys key... fixed... arg...`` in RESP."""
+    count = 3 + len(keys) + fixed.number + len(args)
+    numkeys = b"%d" % len(keys)
+    return b"".join(
+        (
+            b"*%d\r\n" % count, script.sha_head, b"$%d\r\n%s\r\n" % (len(numkeys), numkeys),
+            _bulks(keys), fixed.packed, _bulks(args),
+        )
+    )  # fmt: skip
 
 
 ASKING = pack(b"ASKING")
 _WAIT_ON_REPLICA = "WAIT cannot be used with replica instances"
 
 
-@dataclass(frozen=True, slots=True)
-class ScriptCall:
-    """One packed EVALSHA; ``asking`` when a Cluster sent it to a slot being imported."""
+class ScriptCall(NamedTuple):
+    """One packed EVALSHA; ``asking`` when a Cluster sent it to a slot being imported.
+
+    A tuple, not a frozen dataclass: a Cluster batch makes one per hash tag, and a
+    frozen dataclass costs several times as much to make.
+    """
 
     script: Script
     command: bytes
@@ -80,76 +100,75 @@ class ScriptCall:
         return [ASKING, command] if self.asking else [command]
 
 
-async def send(pool: ConnectionPool, commands: Sequence[bytes]) -> list[Any]:
-    """Write ``commands`` at once and read a reply for each, in order.
+Round = tuple[Source, Sequence[ScriptCall]]
+"""Script calls for the server of a pool."""
+Ran = tuple[list[Any], int | None] | Exception
+"""A server's replies to its calls and its ``WAIT``'s count, or the error that cut it off."""
 
-    Replies come back as bytes whatever the URL asks the client to decode: the
-    store reads them itself. An error reply is returned as its exception.
+
+async def run_scripts(rounds: Sequence[Round], wait: bytes | None = None) -> list[Ran]:
+    """Run each round's calls on its server, every server in one round trip (see
+    :func:`stores.redis_wire.exchange`); for each, the replies and the ``wait``'s.
+
+    ``wait`` is a packed ``WAIT``, sent after a server's calls on the same
+    connection: its reply counts the replicas that acknowledged every write the
+    connection made. A server that does not know a script (restarted, failed
+    over, or its cache flushed) refuses it before running anything, so sending
+    the same keys and arguments again cannot run any key twice. The second try
+    is an ``EVAL``, which carries the text and caches it: a ``SCRIPT LOAD``
+    then ``EVALSHA`` could lose the script again to a flush in between.
     """
-    conn = await pool.get_connection()  # type: ignore[no-untyped-call]
-    try:
-        await conn.send_packed_command(b"".join(commands))
-        replies: list[Any] = []
-        try:
-            async with asyncio.timeout(conn.socket_timeout):
-                for _ in commands:
-                    try:
-                        # No timer of its own (math.inf): the round trip's deadline holds.
-                        replies.append(await conn.read_response(True, math.inf))
-                    except ResponseError as error:  # read whole: the next reply follows
-                        replies.append(error)
-        except TimeoutError:  # the read was cancelled, and the connection dropped
-            raise RedisTimeoutError(f"Timeout reading from {_where(conn)}") from None
-        return replies
-    finally:
-        await pool.release(conn)
-
-
-def _where(conn: Any) -> str:
-    host, port = getattr(conn, "host", None), getattr(conn, "port", None)
-    return f"{host}:{port}" if host else "the Redis server"
-
-
-async def run_scripts(
-    pool: ConnectionPool, calls: Sequence[ScriptCall], wait: bytes | None = None
-) -> tuple[list[Any], int | None]:
-    """Run ``calls`` on one server in one round trip; their replies, and the ``wait``'s.
-
-    ``wait`` is a packed ``WAIT``, sent after the calls on the same connection:
-    its reply counts the replicas that acknowledged every write the connection
-    made. A server that does not know a script (restarted, failed over, or its
-    cache flushed) refuses it before running anything, so sending the same
-    keys and arguments again cannot run any key twice. The second try is an
-    ``EVAL``, which carries the text and caches it: a ``SCRIPT LOAD`` then
-    ``EVALSHA`` could lose the script again to a flush in between.
-    """
-    replies, acked = await _round(pool, calls, wait, as_eval=False)
-    unknown = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-    if unknown:
-        again, acked_again = await _round(pool, [calls[i] for i in unknown], wait, as_eval=True)
-        for i, reply in zip(unknown, again, strict=True):
-            replies[i] = reply
+    ran = await _rounds(rounds, wait, as_eval=False)
+    unknown: list[tuple[int, list[int]]] = []
+    for i, answer in enumerate(ran):
+        if not isinstance(answer, Exception):
+            missing = [j for j, reply in enumerate(answer[0]) if isinstance(reply, NoScriptError)]
+            if missing:
+                unknown.append((i, missing))
+    if not unknown:
+        return ran
+    again = [(rounds[i][0], [rounds[i][1][j] for j in js]) for i, js in unknown]
+    for (i, js), second in zip(unknown, await _rounds(again, wait, as_eval=True), strict=True):
+        first = ran[i]
+        assert not isinstance(first, Exception)
+        if isinstance(second, Exception):
+            ran[i] = second  # the server was cut off: none of its replies stands
+            continue
+        replies, acked = first
+        for j, reply in zip(js, second[0], strict=True):
+            replies[j] = reply
         # The second round may borrow another connection: its WAIT covers its own
         # writes only, and the first round's covered the calls the server knew.
-        if acked is not None and acked_again is not None:
-            acked = min(acked, acked_again)
-    return replies, acked
+        if acked is not None and second[1] is not None:
+            acked = min(acked, second[1])
+        ran[i] = (replies, acked)
+    return ran
 
 
-async def _round(
-    pool: ConnectionPool, calls: Sequence[ScriptCall], wait: bytes | None, *, as_eval: bool
-) -> tuple[list[Any], int | None]:
-    commands = [packed for call in calls for packed in call.packed(as_eval)]
-    if wait is not None:
-        commands.append(wait)
-    replies = await send(pool, commands)
+async def _rounds(rounds: Sequence[Round], wait: bytes | None, *, as_eval: bool) -> list[Ran]:
+    commands = []
+    for _, calls in rounds:
+        packed = [command for call in calls for command in call.packed(as_eval)]
+        if wait is not None:
+            packed.append(wait)
+        commands.append(packed)
+    answers = await exchange([(pool, c) for (pool, _), c in zip(rounds, commands, strict=True)])
+    return [
+        answer if isinstance(answer, Exception) else _replies(answer, calls, sent, wait)
+        for answer, (_, calls), sent in zip(answers, rounds, commands, strict=True)
+    ]
+
+
+def _replies(
+    replies: list[Any], calls: Sequence[ScriptCall], sent: list[bytes], wait: bytes | None
+) -> Ran:
     acked = replies.pop() if wait is not None else None
     if isinstance(acked, ResponseError):
         if not str(acked).startswith(_WAIT_ON_REPLICA):
-            raise acked
+            return acked
         # A primary demoted under the store: nothing it holds is acknowledged, and
         # the calls' own replies (MOVED under Cluster) still say where to go.
         acked = 0
     if any(call.asking for call in calls):
-        replies = [r for r, c in zip(replies, commands, strict=False) if c is not ASKING]
+        replies = [r for r, c in zip(replies, sent, strict=False) if c is not ASKING]
     return replies, acked

@@ -11,11 +11,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import ConnectionPool
 from redis.exceptions import ResponseError
 
 from stores.redis_errors import passes
-from stores.redis_eval import pack, send
+from stores.redis_eval import pack
+from stores.redis_lender import Source
+from stores.redis_wire import send
 
 NO_PERSISTENCE = "Redis keeps nothing on disk: a restart forgets every key"
 EVICTING = (
@@ -49,7 +50,7 @@ class ServerFacts:
     cluster_enabled: bool
 
 
-async def server_facts(pool: ConnectionPool) -> ServerFacts:
+async def server_facts(pool: Source) -> ServerFacts:
     """The facts of the server ``pool`` reaches, in one round trip."""
     replies = await send(pool, _FACTS)
     for reply in replies:

@@ -13,14 +13,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from redis.asyncio import BlockingConnectionPool
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 from redis.exceptions import ClusterDownError, RedisError, ResponseError
 
 from stores.errors import StoreMisconfigured
-from stores.redis_eval import pack, send
+from stores.redis_eval import pack
+from stores.redis_lender import Lender
 from stores.redis_pools import server_pool
 from stores.redis_url import Address, RedisTarget
+from stores.redis_wire import send
 
 CLUSTER_SLOTS = pack(b"CLUSTER", b"SLOTS")
 NOT_A_CLUSTER = (
@@ -35,18 +36,18 @@ class SlotMap:
     def __init__(self, target: RedisTarget, connections: int) -> None:
         self._target = target
         self._connections = connections
-        self._pools: dict[Address, BlockingConnectionPool] = {}
+        self._pools: dict[Address, Lender] = {}
         self._owners: list[Address | None] = [None] * REDIS_CLUSTER_HASH_SLOTS
         self.primaries: list[Address] = []
         self._answered: Address | None = None
         self._stale = True
         self._reading = asyncio.Lock()
 
-    def pool(self, address: Address) -> BlockingConnectionPool:
-        """The pool of connections to the node at ``address``, opened on first use."""
+    def pool(self, address: Address) -> Lender:
+        """The connections to the node at ``address``, opened on first use."""
         pool = self._pools.get(address)
         if pool is None:
-            pool = server_pool(self._target.node_url(address), self._connections)
+            pool = Lender(server_pool(self._target.node_url(address), self._connections))
             self._pools[address] = pool
         return pool
 
@@ -111,4 +112,4 @@ class SlotMap:
 
     async def close(self) -> None:
         pools, self._pools = list(self._pools.values()), {}
-        await asyncio.gather(*(pool.aclose() for pool in pools))
+        await asyncio.gather(*(pool.close() for pool in pools))

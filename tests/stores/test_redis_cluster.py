@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterable
 
 import pytest
 from redis import Redis
@@ -50,13 +51,15 @@ def _commandstats(cluster: Cluster, node: ClusterNode) -> Counter[str]:
 def round_trips(monkeypatch: pytest.MonkeyPatch) -> Counter[int]:
     """Writes to each server (by port) on every connection of this process: round trips."""
     sent: Counter[int] = Counter()
-    original = AbstractConnection.send_packed_command
+    # The write under every other: the store calls it directly, the client through
+    # send_packed_command.
+    original = AbstractConnection._send_packed_command
 
-    async def counted(self: AbstractConnection, command: bytes, check_health: bool = True) -> None:
+    async def counted(self: AbstractConnection, command: Iterable[bytes]) -> None:
         sent[int(self.port)] += 1  # type: ignore[attr-defined]
-        await original(self, command, check_health)
+        await original(self, command)
 
-    monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
+    monkeypatch.setattr(AbstractConnection, "_send_packed_command", counted)
     return sent
 
 
