@@ -157,7 +157,6 @@ class Store(abc.ABC):
 
     backend: str = "abstract"
     result_limit: int | None = None  # bytes of encoded result the backend can hold
-    batches_in_flight: int = 1  # claim_many (and complete_many) calls worth running at once
 
     def __init__(self, config: StoreConfig) -> None:
         self.config = config

@@ -47,7 +47,6 @@ class RedisClusterStore(RedisScripts):
     """The store on the cluster ``target`` names, pooling ``connections`` per node."""
 
     cluster = True
-    batches_in_flight = 2
 
     def __init__(
         self, config: StoreConfig, target: RedisTarget, connections: int, replicas_ack: int = 0

@@ -9,15 +9,9 @@ a batch is out, the next one fills up, so batches grow with the load and a
 lone message still goes out at once (one loop turn later).
 
 Each key is still decided atomically by the store, on its own; a batch only
-shares the trip. Two calls for the same key never share a batch, nor go out
-while the other's batch is out: the second waits for a batch after the first
-one's is answered, so it sees the first one's outcome exactly as it would
-have one call at a time.
-
-One batch is out at a time, unless the store asks for more
-(:attr:`stores.base.Store.batches_in_flight`): a Redis Cluster batch waits
-on the slowest of the nodes it touches, and with one out at a time the
-worker sat idle for a tenth of a run.
+shares the trip. Two calls for the same key never share a batch: the second
+waits for the next one, so it sees the first one's outcome exactly as it
+would have one call at a time.
 """
 
 from __future__ import annotations
@@ -50,7 +44,7 @@ class Batcher(Generic[Request, Answer]):
         self._max_batch = max_batch
         self._max_in_flight = in_flight
         self._pending: list[tuple[Request, asyncio.Future[Answer]]] = []
-        self._in_flight: dict[asyncio.Task[None], set[str]] = {}  # each batch out, its keys
+        self._in_flight: set[asyncio.Task[None]] = set()
         self._scheduled = False
 
     async def submit(self, request: Request) -> Answer:
@@ -71,23 +65,21 @@ class Batcher(Generic[Request, Answer]):
         self._scheduled = False
         batch: list[tuple[Request, asyncio.Future[Answer]]] = []
         keys: set[str] = set()
-        busy = set().union(*self._in_flight.values()) if self._in_flight else set()
         later = []
         for request, future in self._pending:
             if future.done():  # its caller was cancelled before it was sent
                 continue
-            key = request.key
-            if key in keys or key in busy or len(batch) >= self._max_batch:
+            if request.key in keys or len(batch) >= self._max_batch:
                 later.append((request, future))
                 continue
-            keys.add(key)
+            keys.add(request.key)
             batch.append((request, future))
         self._pending = later
-        if batch:  # else what waits is for a batch out: its end schedules the next
+        if batch:
             task = asyncio.get_running_loop().create_task(self._run(batch))
-            self._in_flight[task] = keys
+            self._in_flight.add(task)
             task.add_done_callback(self._sent)
-            self._schedule()
+        self._schedule()
 
     async def _run(self, batch: list[tuple[Request, asyncio.Future[Answer]]]) -> None:
         failure: BaseException | None = None
@@ -119,7 +111,7 @@ class Batcher(Generic[Request, Answer]):
                     future.set_exception(failure or RuntimeError("the batch answered nothing"))
 
     def _sent(self, task: asyncio.Task[None]) -> None:
-        self._in_flight.pop(task, None)
+        self._in_flight.discard(task)
         self._schedule()
 
 
@@ -151,15 +143,12 @@ class BatchingStore(DelegatingStore):
 
     def __init__(self, inner: Store) -> None:
         super().__init__(inner)
-        in_flight = _backend(inner).batches_in_flight
         # A store that batches only one of the two keeps single calls for the other.
         self._claims: Batcher[ClaimRequest, Claim] | None = (
-            Batcher(inner.claim_many, in_flight=in_flight) if _claims_in_batches(inner) else None
+            Batcher(inner.claim_many) if _claims_in_batches(inner) else None
         )
         self._completions: Batcher[Completion, bool] | None = (
-            Batcher(inner.complete_many, in_flight=in_flight)
-            if _completes_in_batches(inner)
-            else None
+            Batcher(inner.complete_many) if _completes_in_batches(inner) else None
         )
 
     async def claim(self, key: str, fingerprint: str) -> Claim:

@@ -7,10 +7,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from consumer.delivery.batching import Batcher, BatchingStore
-from stores import redis
-from stores.base import ClaimRequest, StoreConfig
-from stores.deadline import DeadlineStore
+from consumer.delivery.batching import Batcher
+from stores.base import ClaimRequest
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -62,24 +60,6 @@ async def test_the_same_key_twice_waits_for_the_next_batch() -> None:
     assert recorder.batches == [["a", "b"], ["a"]]
 
 
-async def test_a_key_waits_while_another_batch_holds_it_even_with_room_for_two() -> None:
-    recorder = Recorder()
-    recorder.gate = asyncio.Event()
-    batcher: Batcher[ClaimRequest, str] = Batcher(recorder.send, in_flight=2)
-    first = asyncio.ensure_future(batcher.submit(req("a", "1")))
-    for _ in range(3):
-        await asyncio.sleep(0)
-    second = asyncio.ensure_future(batcher.submit(req("a", "2")))
-    other = asyncio.ensure_future(batcher.submit(req("b")))
-    for _ in range(3):
-        await asyncio.sleep(0)
-    # "b" takes the room for a second batch; the second "a" waits for the first's answer.
-    assert recorder.batches == [["a"], ["b"]]
-    recorder.gate.set()
-    assert list(await asyncio.gather(first, second, other)) == ["a:1", "a:2", "b:f"]
-    assert recorder.batches == [["a"], ["b"], ["a"]]
-
-
 async def test_batches_are_capped_and_in_flight_is_limited() -> None:
     recorder = Recorder()
     recorder.gate = asyncio.Event()
@@ -127,17 +107,3 @@ async def test_a_store_answering_the_wrong_number_fails_every_caller_never_hangs
         5,
     )
     assert all(isinstance(result, Exception) for result in results)
-
-
-@pytest.mark.parametrize(
-    ("url", "in_flight"), [("redis://127.0.0.1:1", 1), ("redis+cluster://127.0.0.1:1", 2)]
-)
-async def test_a_redis_cluster_store_keeps_two_batches_out(url: str, in_flight: int) -> None:
-    store = await redis.open_store(url=url, connections=4, config=StoreConfig())
-    try:
-        batching = BatchingStore(DeadlineStore(store))
-        for batcher in (batching._claims, batching._completions):
-            assert batcher is not None
-            assert batcher._max_in_flight == in_flight
-    finally:
-        await store.close()
