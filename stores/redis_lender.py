@@ -12,7 +12,9 @@ At most :data:`KEEP` are kept, and the pool still bounds how many exist.
 
 A connection that failed is dropped by redis-py's connection layer (see
 :mod:`stores.redis_wire`), and a dropped one is never kept: the pool opens
-it again.
+it again. A kept connection that the server closed within the second (a
+restart, ``CLIENT KILL``) fails on its next use, which is then the store
+being away, as it was.
 """
 
 from __future__ import annotations
