@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.chaos.ledger import in_flight
+from tests.chaos.ledger import connect, in_flight
 from tests.chaos.processes import on_exit
 from tests.servers import ROOT
 
@@ -112,6 +112,10 @@ class Pool:
         own = own_env or {}
         self.workers = [Worker(slot, env | dict(own.get(slot, {})), logs) for slot in range(count)]
         self.ledger = ledger
+        # Made now: a kill may look for handlers in flight before any worker has
+        # written its first row (a slow start under load), and a read-only open
+        # of a file that is not there yet fails.
+        connect(ledger).close()
         self.kills: list[Kill] = []
         self.exits: list[Exit] = []
         self.restarts = 0
