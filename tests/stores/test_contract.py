@@ -130,10 +130,12 @@ async def test_lease_expiry_takeover_fences_out_old_owner(make_store: StoreFacto
 
 
 async def test_heartbeat_keeps_lease_past_ttl(make_store: StoreFactory) -> None:
-    ttl = 0.6
+    # A lease long enough that a scheduling stall of most of a second under a
+    # loaded test run does not lapse it between two heartbeats (0.6 s once did).
+    ttl = 1.2
     store = await make_store(lock_ttl=ttl)
     owner = await store.claim("k", FP)
-    end = time.monotonic() + ttl * 4
+    end = time.monotonic() + ttl * 3
     while time.monotonic() < end:
         assert await store.heartbeat("k", owner.fence)
         other = await store.claim("k", FP)
