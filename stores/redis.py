@@ -53,10 +53,6 @@ class RedisStore(RedisScripts):
             self._sentinels = self._pool
             self._sentinels.follow()
 
-    def _layout(self, keys: Sequence[str]) -> tuple[list[bytes], list[list[int]]]:
-        prefix = self._prefix
-        return [prefix + k.encode() for k in keys], [list(range(len(keys)))]
-
     async def _run(self, script: Script, calls: Sequence[Call], *, write: bool = True) -> list[Any]:
         (replies,) = await self._waited(
             [(self._pool, [ScriptCall(script, c) for _, c in calls])], write

@@ -135,10 +135,11 @@ class RedisScripts(Store):
     def _key(self, key: str) -> bytes:
         return self._prefix + key.encode()
 
-    @abc.abstractmethod
     def _layout(self, keys: Sequence[str]) -> tuple[list[bytes], list[list[int]]]:
-        """``keys`` as stored, and their positions that one script call may take
-        together, in parts."""
+        """``keys`` as stored (:meth:`_key`), and their positions that one script call may
+        take together, in parts: all of them in one, unless the subclass says otherwise."""
+        prefix = self._prefix  # _key inlined: this runs for every key of a batch
+        return [prefix + k.encode() for k in keys], [list(range(len(keys)))]
 
     @abc.abstractmethod
     async def _run(self, script: Script, calls: Sequence[Call], *, write: bool = True) -> list[Any]:

@@ -71,10 +71,9 @@ def pack_script(
 ) -> bytes:
     """``EVALSHA sha numkeys key... fixed... arg...`` in RESP."""
     count = 3 + len(keys) + fixed.number + len(args)
-    numkeys = b"%d" % len(keys)
     return b"".join(
         (
-            b"*%d\r\n" % count, script.sha_head, b"$%d\r\n%s\r\n" % (len(numkeys), numkeys),
+            b"*%d\r\n" % count, script.sha_head, _bulk(b"%d" % len(keys)),
             _bulks(keys), fixed.packed, _bulks(args),
         )
     )  # fmt: skip
