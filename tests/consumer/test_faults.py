@@ -131,11 +131,17 @@ def _starts(ledger: Path, key: str) -> int:
     return sum(1 for e in read_ledger(ledger) if e["key"] == key and e["event"] == "start")
 
 
+LOST_LEASE_TTL = 2.5
+
+
 @pytest.mark.parametrize("backend", CONSUMER_BACKENDS)
 async def test_lost_lease_cancels_or_fences_out_the_old_run(
     consumer_settings: ConsumerSettings, broker: Broker, store: Store, ledger: Path
 ) -> None:
-    settings = consumer_settings(lock_ttl=1.0)
+    # The second runs must keep their leases: each renewal has two thirds of
+    # one to come back. With 1 s, a CI machine's stalls of 0.7 s cost a
+    # second run its lease three times in one run, and the key ran four times.
+    settings = consumer_settings(lock_ttl=LOST_LEASE_TTL)
     faulty = FaultyStore(await open_store(settings))
     # The first runs' heartbeats never reach the store: their leases run out under them.
     faulty.muted_first |= {"cancelled", "fenced"}
@@ -146,9 +152,11 @@ async def test_lost_lease_cancels_or_fences_out_the_old_run(
     consumer.container.bounded_store.override(providers.Object(faulty))
     await consumer.start(broker, settings)
     try:
-        # "cancelled" runs long enough that its next heartbeat after the
-        # takeover always lands before it would finish, even on a loaded machine.
-        for key, sleep in (("cancelled", 4.0), ("fenced", 2.0)):
+        # The takeover comes a lease and a conflict delay after the first claim.
+        # "cancelled" runs long enough that its next heartbeat after it always
+        # lands before it would finish, "fenced" long enough to finish after it.
+        ttl = LOST_LEASE_TTL
+        for key, sleep in (("cancelled", 2.4 * ttl), ("fenced", 2.0 * ttl)):
             await broker.publish(settings, {"sleep": sleep}, key=key)
             await broker.publish(settings, {"sleep": sleep}, key=key)  # takes the key over
 
@@ -156,10 +164,10 @@ async def test_lost_lease_cancels_or_fences_out_the_old_run(
             record = await store.get("cancelled")
             return record is not None and record.claims == 2
 
-        await eventually(taken_over, 10, "'cancelled' taken over")
+        await eventually(taken_over, 4 * ttl, "'cancelled' taken over")
         # Its first run's next heartbeat reaches the store and learns it lost the claim.
         faulty.muted_first.discard("cancelled")
-        await eventually(lambda: all_completed(store, ["cancelled", "fenced"]), 20, "completed")
+        await eventually(lambda: all_completed(store, ["cancelled", "fenced"]), 30, "completed")
         await settle_all(broker, settings, dead_letters=0)
         await finished(consumer, broker, settings, dead_letters=0)
     finally:
