@@ -80,6 +80,9 @@ async def test_a_scrape_during_a_run_counts_what_was_sent(
     assert samples.get("semel_broker_failovers_total") == 0
 
 
+TAKEOVER_TTL = 2.5
+
+
 async def test_a_lease_that_runs_out_shows_as_a_takeover_and_a_fence_rejection(
     consumer_settings: ConsumerSettings,
     broker: Broker,
@@ -87,7 +90,9 @@ async def test_a_lease_that_runs_out_shows_as_a_takeover_and_a_fence_rejection(
     ledger: Path,
     start_consumer: StartConsumer,
 ) -> None:
-    settings = consumer_settings(lock_ttl=1.0)
+    # The second run must keep its lease, each renewal having two thirds of it
+    # to come back: more than a loaded machine's stalls (see the lost-lease test).
+    settings = consumer_settings(lock_ttl=TAKEOVER_TTL)
     faulty = FaultyStore(await open_store(settings))
     # The first run's heartbeats never reach the store: its lease runs out under it.
     faulty.muted_first.add("slow")
@@ -98,9 +103,12 @@ async def test_a_lease_that_runs_out_shows_as_a_takeover_and_a_fence_rejection(
         return registry.get_sample_value(name, labels)
 
     try:
-        await broker.publish(settings, {"sleep": 2.0}, key="slow")
+        # Long enough for the first run to finish only after the takeover, which
+        # comes a lease and a conflict delay after its claim.
+        sleep = 2 * TAKEOVER_TTL
+        await broker.publish(settings, {"sleep": sleep}, key="slow")
         await eventually(lambda: _runs(ledger, "slow", 1), 10, "first run started")
-        await broker.publish(settings, {"sleep": 2.0}, key="slow")  # takes the key over
+        await broker.publish(settings, {"sleep": sleep}, key="slow")  # takes the key over
         await eventually(lambda: _runs(ledger, "slow", 2), 10, "second run started")
 
         async def both_settled() -> bool:
@@ -108,7 +116,7 @@ async def test_a_lease_that_runs_out_shows_as_a_takeover_and_a_fence_rejection(
             settled = ("processed", "duplicate")
             return all(value("semel_messages_total", outcome=o, reason="") == 1 for o in settled)
 
-        await eventually(both_settled, 15, "completed and duplicate")
+        await eventually(both_settled, 20, "completed and duplicate")
         await settle_all(broker, settings, dead_letters=0)
         await asyncio.wait_for(consumer.finish(), 30)
     finally:
