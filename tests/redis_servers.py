@@ -63,16 +63,8 @@ class Cluster(Topology):
                 ]
 
             self._server(f"node{i}", options).start()
-        subprocess.run(
-            [
-                *("redis-cli", "--cluster", "create"),
-                *(f"{HOST}:{s.port}" for s in self.servers),
-                *("--cluster-replicas", "1", "--cluster-yes"),
-            ],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
+        nodes = [f"{HOST}:{s.port}" for s in self.servers]
+        self._cli("create", *nodes, "--cluster-replicas", "1", "--cluster-yes")
         self.wait_healthy()
         return self
 
@@ -160,24 +152,24 @@ class Cluster(Topology):
         # (views that differ between nodes, a slot left open, a node flagged as
         # failing): wait for that check to pass, so a refusal below means the
         # cluster went wrong during the reshard.
-        until(self._consistent, "every node agreeing on the cluster")
-        done = subprocess.run(
-            [
-                *("redis-cli", "--cluster", "reshard", f"{HOST}:{self.servers[0].port}"),
-                *("--cluster-from", source, "--cluster-to", target),
-                *("--cluster-slots", str(slots), "--cluster-yes"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
+        entry = f"{HOST}:{self.servers[0].port}"
+        until(lambda: self._cli("check", entry, fail=False), "every node agreeing on the cluster")
+        self._cli(
+            *("reshard", entry, "--cluster-from", source, "--cluster-to", target),
+            *("--cluster-slots", str(slots), "--cluster-yes"),
         )
-        if done.returncode != 0:  # redis-cli says why on stdout, among its progress lines
-            said = [line for line in done.stdout.splitlines() if not line.startswith("Moving slot")]
-            raise AssertionError(f"reshard failed ({done.returncode}): {said[-15:]} {done.stderr}")
 
-    def _consistent(self) -> bool:
-        check = ["redis-cli", "--cluster", "check", f"{HOST}:{self.servers[0].port}"]
-        return subprocess.run(check, capture_output=True, timeout=30).returncode == 0
+    @staticmethod
+    def _cli(*args: str, fail: bool = True) -> bool:
+        """``redis-cli --cluster`` with ``args``: whether it succeeded, or (``fail``)
+        an error quoting what it said."""
+        done = subprocess.run(
+            ["redis-cli", "--cluster", *args], capture_output=True, text=True, timeout=120
+        )
+        if done.returncode != 0 and fail:  # it says why on stdout, among its progress lines
+            said = [line for line in done.stdout.splitlines() if not line.startswith("Moving slot")]
+            raise AssertionError(f"redis-cli --cluster {args[0]}: {said[-15:]} {done.stderr}")
+        return done.returncode == 0
 
 
 def _node(line: str) -> ClusterNode:

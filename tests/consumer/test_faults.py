@@ -14,7 +14,7 @@ from consumer.names import Topology
 from settings import Settings
 from stores.base import Status, Store
 from tests.conftest import open_store
-from tests.consumer.conftest import CONSUMER_BACKENDS, ConsumerSettings, StartConsumer
+from tests.consumer.conftest import CONSUMER_BACKENDS, KEPT_LEASE, ConsumerSettings, StartConsumer
 from tests.consumer.faults import FaultyStore
 from tests.consumer.handlers import read_ledger
 from tests.consumer.harness import Broker, InProcessConsumer, TcpProxy, eventually
@@ -131,17 +131,11 @@ def _starts(ledger: Path, key: str) -> int:
     return sum(1 for e in read_ledger(ledger) if e["key"] == key and e["event"] == "start")
 
 
-LOST_LEASE_TTL = 2.5
-
-
 @pytest.mark.parametrize("backend", CONSUMER_BACKENDS)
 async def test_lost_lease_cancels_or_fences_out_the_old_run(
     consumer_settings: ConsumerSettings, broker: Broker, store: Store, ledger: Path
 ) -> None:
-    # The second runs must keep their leases: each renewal has two thirds of
-    # one to come back. With 1 s, a CI machine's stalls of 0.7 s cost a
-    # second run its lease three times in one run, and the key ran four times.
-    settings = consumer_settings(lock_ttl=LOST_LEASE_TTL)
+    settings = consumer_settings(lock_ttl=KEPT_LEASE)  # the second runs must keep theirs
     faulty = FaultyStore(await open_store(settings))
     # The first runs' heartbeats never reach the store: their leases run out under them.
     faulty.muted_first |= {"cancelled", "fenced"}
@@ -155,7 +149,7 @@ async def test_lost_lease_cancels_or_fences_out_the_old_run(
         # The takeover comes a lease and a conflict delay after the first claim.
         # "cancelled" runs long enough that its next heartbeat after it always
         # lands before it would finish, "fenced" long enough to finish after it.
-        ttl = LOST_LEASE_TTL
+        ttl = KEPT_LEASE
         for key, sleep in (("cancelled", 2.4 * ttl), ("fenced", 2.0 * ttl)):
             await broker.publish(settings, {"sleep": sleep}, key=key)
             await broker.publish(settings, {"sleep": sleep}, key=key)  # takes the key over

@@ -144,8 +144,8 @@ async def test_sigterm_lets_short_work_finish_and_releases_the_rest(
     assert again.outcome is Outcome.CLAIMED  # released, not left to its 30 s lease
     await store.release("stuck", again.fence)
 
-    # Handed back, not lost. A quorum queue applies a return once its log has
-    # it on disk, so the count may lag the worker's exit on a busy disk.
+    # Handed back, not lost. A quorum queue applies a return through its log,
+    # so the count it reports may lag the worker's exit.
     async def handed_back() -> bool:
         return await broker.depth(settings.queue) == 1
 

@@ -12,7 +12,7 @@ from consumer.names import Reason
 from consumer.ops.metrics import FENCED_OPERATIONS
 from stores.base import Store
 from tests.conftest import open_store
-from tests.consumer.conftest import ConsumerSettings, StartConsumer
+from tests.consumer.conftest import KEPT_LEASE, ConsumerSettings, StartConsumer
 from tests.consumer.faults import FaultyStore
 from tests.consumer.handlers import read_ledger
 from tests.consumer.harness import Broker, eventually, processes
@@ -80,9 +80,6 @@ async def test_a_scrape_during_a_run_counts_what_was_sent(
     assert samples.get("semel_broker_failovers_total") == 0
 
 
-TAKEOVER_TTL = 2.5
-
-
 async def test_a_lease_that_runs_out_shows_as_a_takeover_and_a_fence_rejection(
     consumer_settings: ConsumerSettings,
     broker: Broker,
@@ -90,9 +87,7 @@ async def test_a_lease_that_runs_out_shows_as_a_takeover_and_a_fence_rejection(
     ledger: Path,
     start_consumer: StartConsumer,
 ) -> None:
-    # The second run must keep its lease, each renewal having two thirds of it
-    # to come back: more than a loaded machine's stalls (see the lost-lease test).
-    settings = consumer_settings(lock_ttl=TAKEOVER_TTL)
+    settings = consumer_settings(lock_ttl=KEPT_LEASE)  # the second run must keep it
     faulty = FaultyStore(await open_store(settings))
     # The first run's heartbeats never reach the store: its lease runs out under it.
     faulty.muted_first.add("slow")
@@ -105,7 +100,7 @@ async def test_a_lease_that_runs_out_shows_as_a_takeover_and_a_fence_rejection(
     try:
         # Long enough for the first run to finish only after the takeover, which
         # comes a lease and a conflict delay after its claim.
-        sleep = 2 * TAKEOVER_TTL
+        sleep = 2 * KEPT_LEASE
         await broker.publish(settings, {"sleep": sleep}, key="slow")
         await eventually(lambda: _runs(ledger, "slow", 1), 10, "first run started")
         await broker.publish(settings, {"sleep": sleep}, key="slow")  # takes the key over
