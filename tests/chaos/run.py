@@ -327,7 +327,7 @@ async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Repo
             name = (
                 f"{config.store}-wait{config.replicas_ack}" if config.replicas_ack else config.store
             )
-            stack.push_async_callback(_keep, workdir, config.keep / name)
+            stack.push_async_callback(_keep, workdir, config.keep / name, server.logs())
         pool.start()
         observer = await Broker.connect(node.url)
         await wait_for_consumers(observer, settings.queue, config.workers, 60)
@@ -460,5 +460,10 @@ async def _report(
     )
 
 
-async def _keep(workdir: Path, target: Path) -> None:
+async def _keep(workdir: Path, target: Path, server_logs: list[Path]) -> None:
     await asyncio.to_thread(shutil.copytree, workdir, target, dirs_exist_ok=True)
+    for log in server_logs:  # one directory per server: name them after it
+        if log.exists():
+            kept = target / "store-logs" / f"{log.parent.name}-{log.name}"
+            kept.parent.mkdir(exist_ok=True)
+            await asyncio.to_thread(shutil.copyfile, log, kept)

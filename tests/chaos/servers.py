@@ -54,6 +54,10 @@ class StoreServer:
     async def outage(self, seconds: float) -> None:
         raise NotImplementedError
 
+    def logs(self) -> list[Path]:
+        """The server's own log files, kept with a run's ledger (evidence of a failure)."""
+        return []
+
     async def stop(self) -> None:
         shutil.rmtree(self.home, ignore_errors=True)
 
@@ -257,6 +261,9 @@ class PrivateRedisTopology(StoreServer):
         victim = await asyncio.to_thread(self.topology.kill_primary)
         self.failovers.append(Failover(killed, time.time()))
         await asyncio.to_thread(self.topology.heal, victim)
+
+    def logs(self) -> list[Path]:
+        return sorted(self.topology.root.glob("*/*.log"))  # each node's and sentinel's
 
     async def stop(self) -> None:
         await asyncio.to_thread(self.topology.stop)
