@@ -48,11 +48,12 @@ class Server:
     options: list[str]
     process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> Server:
+    def start(self, *once: str) -> Server:
+        """Start with :attr:`options`, and ``once`` for this start only."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         with (self.workdir / "stdout.log").open("ab") as log:
             self.process = subprocess.Popen(
-                ["redis-server", *self.options], cwd=self.workdir, stdout=log, stderr=log
+                ["redis-server", *self.options, *once], cwd=self.workdir, stdout=log, stderr=log
             )
         wait_for_port(self.port, 10.0)
         return self

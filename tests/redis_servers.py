@@ -142,9 +142,15 @@ class Cluster(Topology):
         self.wait_healthy()
 
     def heal(self, victim: Server) -> None:
-        """Start a killed node again: it rejoins as the replica of its successor."""
-        victim.start()
+        """Start a killed node again: it rejoins as the replica of its successor,
+        and may be failed over to only once it holds its successor's data."""
+        # It comes back empty and waits for its full sync (the primary's diskless
+        # delay: 5 s). A primary stalled past the node timeout meanwhile would
+        # otherwise be failed over to this empty node, and every write lost.
+        victim.start("--cluster-replica-no-failover", "yes")
         self.wait_healthy()
+        with victim.client() as client:
+            client.config_set("cluster-replica-no-failover", "no")
 
     def reshard(self, source: str, target: str, slots: int) -> None:
         """Move ``slots`` slots, and the keys in them, from node ``source`` to ``target``."""
@@ -286,12 +292,29 @@ class SentinelSet(Topology):
         self.wait_watched()
 
     def heal(self, victim: Server) -> None:
-        """Start a killed primary again, as the replica of its successor."""
+        """Start a killed primary again, as the replica of its successor; the
+        sentinels may promote it only once it holds its successor's data."""
         successor = self.primary_port()
         victim.options = [*data_options(victim.port, victim.workdir)]
         victim.options += ["--replicaof", HOST, str(successor)]
-        victim.start()
+        # It comes back empty and waits for its full sync (the primary's diskless
+        # delay: 5 s). Sentinels promote a replica whose link is down for less
+        # than ten down-after periods: a primary stalled past one meanwhile was
+        # failed over to this empty node, and every acknowledged write lost.
+        victim.start("--replica-priority", "0")
+        until(lambda: self.in_sync(victim), "the restarted node in sync")
+        with victim.client() as client:
+            client.config_set("replica-priority", 100)
         self.wait_watched()
+        until(lambda: self._promotable(victim.port), "the sentinels seeing it promotable")
+
+    def _promotable(self, port: int) -> bool:
+        for sentinel in self.sentinels:
+            with sentinel.client() as client:
+                replicas = client.sentinel_slaves(SERVICE)
+            if not any(r["port"] == port and r["slave-priority"] > 0 for r in replicas):
+                return False
+        return True
 
 
 @contextlib.contextmanager
