@@ -9,6 +9,7 @@ import time
 
 import pytest
 from redis.crc import key_slot
+from redis.exceptions import RedisError
 
 from tests.redis_process import Server
 from tests.redis_servers import Cluster, SentinelSet
@@ -26,11 +27,7 @@ async def test_a_stall_while_the_healed_node_syncs_never_promotes_it_empty(
         client.mset({f"heal:{i}": i for i in range(KEYS)})
         assert client.execute_command("WAIT", 1, 5000) == 1  # a replica has every key
     victim = await asyncio.to_thread(redis_sentinel.kill_primary)
-    successor = redis_sentinel.primary()
-    healing = asyncio.create_task(asyncio.to_thread(redis_sentinel.heal, victim))
-    await _restarted(victim)
-    stall(successor)
-    await asyncio.wait_for(healing, 60)
+    await _heal_during_a_stall(redis_sentinel, victim, redis_sentinel.primary())
     serving = redis_sentinel.primary()
     with serving.client() as client:
         assert client.exists(*(f"heal:{i}" for i in range(KEYS))) == KEYS, serving.port
@@ -47,13 +44,20 @@ async def test_a_stall_while_the_healed_node_syncs_never_fails_over_to_it_empty(
         assert client.execute_command("WAIT", 1, 5000) == 1
     victim = await asyncio.to_thread(redis_cluster.kill_primary, owner.port)
     successor = next(n for n in redis_cluster.primaries() if slot in n.slots)
-    healing = asyncio.create_task(asyncio.to_thread(redis_cluster.heal, victim))
-    await _restarted(victim)
-    stall(redis_cluster.server(successor.port))
-    await asyncio.wait_for(healing, 60)
+    await _heal_during_a_stall(redis_cluster, victim, redis_cluster.server(successor.port))
     serving = next(n for n in redis_cluster.primaries() if slot in n.slots)
     with redis_cluster.server(serving.port).client() as client:
         assert client.exists(*keys) == KEYS, serving.port
+
+
+async def _heal_during_a_stall(
+    topology: Cluster | SentinelSet, victim: Server, successor: Server
+) -> None:
+    """Heal ``victim``; the moment it is back (empty, syncing), stall ``successor``."""
+    healing = asyncio.create_task(asyncio.to_thread(topology.heal, victim))
+    await _restarted(victim)
+    await stall(successor)
+    await asyncio.wait_for(healing, 60)
 
 
 async def _restarted(victim: Server) -> None:
@@ -66,13 +70,15 @@ async def _restarted(victim: Server) -> None:
 def _answers(server: Server) -> bool:
     try:
         return server.info("replication").get("role") == "slave"
-    except Exception:
+    except (RedisError, OSError):  # still starting
         return False
 
 
-def stall(server: Server) -> None:
+async def stall(server: Server) -> None:
     """The server gets no CPU for a while, as under a loaded machine."""
     assert server.process is not None
     server.process.send_signal(signal.SIGSTOP)
-    time.sleep(STALL)
-    server.process.send_signal(signal.SIGCONT)
+    try:
+        await asyncio.sleep(STALL)  # the fault's length, not a wait for an event
+    finally:
+        server.process.send_signal(signal.SIGCONT)
