@@ -119,8 +119,15 @@ class DeadlineStore(DelegatingStore):
         await self._bounded(self.inner.ping())
 
     async def close(self) -> None:
-        if self._abandoned:  # calls still out get one more deadline, then are cancelled
-            _, pending = await asyncio.wait(set(self._abandoned), timeout=self.deadline)
-            for task in pending:
+        """Calls still out get one more deadline, then are cancelled and waited for (one
+        more deadline at most), before the store closes: a call left running past the
+        close would open a connection nobody closes."""
+        end = asyncio.get_running_loop().time() + self.deadline
+        # Looped: a late claim that lands meanwhile adds its release to the set.
+        while self._abandoned and (left := end - asyncio.get_running_loop().time()) > 0:
+            await asyncio.wait(set(self._abandoned), timeout=left)
+        if self._abandoned:
+            for task in self._abandoned:
                 task.cancel()
+            await asyncio.wait(set(self._abandoned), timeout=self.deadline)
         await self.inner.close()

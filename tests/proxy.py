@@ -37,6 +37,10 @@ class TcpProxy:
         )
         return self
 
+    def connections(self) -> int:
+        """Connections open through the proxy now."""
+        return len(self._links) // 2  # each has the client's side and the server's
+
     async def cut(self) -> None:
         """Refuse new connections and drop every open one."""
         if self._server is not None:

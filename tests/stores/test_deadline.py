@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -15,6 +16,7 @@ from tests.conftest import SettingsFactory, open_store
 from tests.consumer.harness import eventually
 from tests.proxy import TcpProxy
 from tests.servers import free_port
+from tests.stores.leftovers import store_tasks
 
 pytestmark = pytest.mark.timeout(60)
 FP = "f" * 64
@@ -69,6 +71,38 @@ async def test_a_call_on_a_stalled_link_gives_up_at_its_deadline_and_a_late_clai
         assert time.monotonic() - started < LEASE  # free before its lease ran out
     finally:
         await store.close()
+        await direct.close()
+
+
+async def test_a_late_claim_landing_while_the_store_closes_is_released_before_the_close_ends(
+    through_proxy: tuple[TcpProxy, Settings], make_settings: SettingsFactory
+) -> None:
+    # A call given up at its deadline runs on; its claim may land while the store
+    # closes, and its release then starts after the close began. A close that does
+    # not wait for it leaves the key held by nobody until its lease runs out, and
+    # whatever of the store still runs after its close may open connections again.
+    proxy, settings = through_proxy
+    before = asyncio.all_tasks()  # the proxy's and the test's own
+    store = DeadlineStore(await open_store(settings))
+    direct = await open_store(settings.model_copy(update=_direct(settings)))
+    try:
+        await store.claim("warm", FP)
+        proxy.delay = 0.3  # a slow link: the late claim's release is out when the close begins
+        proxy.stall()
+        with pytest.raises(StoreUnavailable):
+            await store.claim("late", FP)
+        closing = asyncio.create_task(store.close())
+        proxy.resume()  # the late claim lands now, and its release starts during the close
+        await closing
+        assert store_tasks(before) == []
+        claim = await direct.claim("late", FP)
+        assert claim.outcome is Outcome.CLAIMED, "the late claim was left to its lease"
+
+        async def all_closed() -> bool:
+            return proxy.connections() == 0
+
+        await eventually(all_closed, 5.0, "every connection of the closed store closed")
+    finally:
         await direct.close()
 
 
