@@ -21,8 +21,8 @@ of the batch that were granted are given back (:mod:`stores.redis_base`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from redis.crc import key_slot
 from redis.exceptions import AskError, ClusterDownError, MovedError, ReadOnlyError
@@ -35,6 +35,8 @@ from stores.redis_setup import merged, server_facts, warnings_of
 from stores.redis_slots import SlotMap
 from stores.redis_url import Address, RedisTarget
 from stores.redis_wire import send
+
+T = TypeVar("T")
 
 REDIRECTS = 3
 """Redirections one call follows (a MOVED, then an ASK, then one more), then it is given up."""
@@ -124,8 +126,8 @@ class RedisClusterStore(RedisScripts):
         await self._slots.ready()
         primaries = self._slots.primaries
         try:
-            answers = await asyncio.gather(
-                *(send(self._slots.pool(node), [CLUSTER_INFO]) for node in primaries)
+            answers = await _every(
+                send(self._slots.pool(node), [CLUSTER_INFO]) for node in primaries
             )
         except Exception:
             self._slots.forget()
@@ -143,7 +145,7 @@ class RedisClusterStore(RedisScripts):
         async def read() -> list[tuple[str, list[str]]]:
             await self._slots.ready()
             primaries = self._slots.primaries
-            facts = await asyncio.gather(*(server_facts(self._slots.pool(n)) for n in primaries))
+            facts = await _every(server_facts(self._slots.pool(n)) for n in primaries)
             return [
                 (f"{host}:{port}", warnings_of(found, self.replicas_ack))
                 for (host, port), found in zip(primaries, facts, strict=True)
@@ -153,3 +155,17 @@ class RedisClusterStore(RedisScripts):
 
     async def close(self) -> None:
         await self._slots.close()
+
+
+async def _every(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """Each call's answer, once every call has ended; else the first error.
+
+    Not a bare ``gather``: it raises the first error at once and leaves the
+    other calls running with nobody waiting for them, which can outlive the
+    store's close and open a connection after it.
+    """
+    answers = await asyncio.gather(*calls, return_exceptions=True)
+    for answer in answers:
+        if isinstance(answer, BaseException):
+            raise answer
+    return answers  # type: ignore[return-value]  # no error among them

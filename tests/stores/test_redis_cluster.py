@@ -3,6 +3,7 @@ the key layout, slots on the move, and a cluster reached by the wrong URL."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections import Counter
@@ -24,6 +25,7 @@ from stores.redis_slots import NOT_A_CLUSTER
 from tests.conftest import SettingsFactory, StoreFactory, open_store, settings_env
 from tests.redis_process import HOST
 from tests.redis_servers import Cluster, ClusterNode
+from tests.stores.leftovers import store_tasks
 from tests.stores.race import decided
 
 pytestmark = pytest.mark.timeout(90)
@@ -234,3 +236,21 @@ async def test_migrate_asks_every_primary(make_store: StoreFactory, redis_cluste
         assert warning.endswith(f"(primaries {', '.join(primaries)})"), warning
     assert said[0].startswith(NO_PERSISTENCE)
     assert said[1].startswith(FEW_REPLICAS.format(wanted=2, replicas=1))
+
+
+async def test_a_ping_failing_on_one_primary_waits_for_the_others(
+    make_store: StoreFactory, redis_cluster: Cluster
+) -> None:
+    # One primary fails at once, another answers late: the ping fails, and nothing it
+    # asked is left running (a call still out could outlive the store's close).
+    store = await make_store()
+    await store.ping()  # a connection to every primary, kept for the next round trip
+    before = asyncio.all_tasks()
+    failing, late, *_ = redis_cluster.primaries()
+    with redis_cluster.server(late.port).client() as client:
+        client.client_pause(1500)
+    with redis_cluster.server(failing.port).client() as client:
+        client.client_kill_filter(_type="normal", skipme=True)
+    with pytest.raises(StoreUnavailable):
+        await store.ping()
+    assert store_tasks(before) == []
