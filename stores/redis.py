@@ -72,10 +72,14 @@ class RedisStore(RedisScripts):
         await self._call(self._client.ping)
 
     async def close(self) -> None:
-        if self._sentinels is not None:
-            await self._sentinels.stop()
-        await self._client.aclose()
-        if self._sentinels is not None:
+        if self._sentinels is None:
+            await self._client.aclose()
+            return
+        await self._sentinels.stop()
+        try:
+            # May raise: a connection to a stalled primary can time out closing.
+            await self._client.aclose()
+        finally:
             await close_sentinels(self._sentinels)
 
 

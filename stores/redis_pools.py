@@ -75,7 +75,9 @@ class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
     async def release(self, connection: AbstractConnection) -> None:
         address = getattr(connection, "host", None), getattr(connection, "port", None)
         if self.master_address is not None and address != self.master_address:
-            await connection.disconnect()  # to a primary the sentinels no longer name
+            # To a primary the sentinels no longer name: not waiting for the close to
+            # finish, which a stalled one can hold until the close's timeout raises.
+            await connection.disconnect(nowait=True)
         await super().release(connection)
 
     _stopped = False
