@@ -122,9 +122,10 @@ class DeadlineStore(DelegatingStore):
         """Calls still out get one more deadline, then are cancelled and waited for (one
         more deadline at most), before the store closes: a call left running past the
         close would open a connection nobody closes."""
-        end = asyncio.get_running_loop().time() + self.deadline
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.deadline
         # Looped: a late claim that lands meanwhile adds its release to the set.
-        while self._abandoned and (left := end - asyncio.get_running_loop().time()) > 0:
+        while self._abandoned and (left := end - loop.time()) > 0:
             await asyncio.wait(set(self._abandoned), timeout=left)
         if self._abandoned:
             for task in self._abandoned:

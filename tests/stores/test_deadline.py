@@ -75,7 +75,7 @@ async def test_a_call_on_a_stalled_link_gives_up_at_its_deadline_and_a_late_clai
 
 
 async def test_a_late_claim_landing_while_the_store_closes_is_released_before_the_close_ends(
-    through_proxy: tuple[TcpProxy, Settings], make_settings: SettingsFactory
+    through_proxy: tuple[TcpProxy, Settings],
 ) -> None:
     # A call given up at its deadline runs on; its claim may land while the store
     # closes, and its release then starts after the close began. A close that does
