@@ -101,15 +101,17 @@ async def test_a_forgotten_key_is_claimed_with_a_higher_fence(
     make_settings: SettingsFactory, make_store: StoreFactory, forget: Forget, transactional: bool
 ) -> None:
     overrides: dict[str, object] = {"transactional": transactional}
-    # Only the store that forgets has a retention short enough to wait out;
-    # the one that claims again keeps its record for the rest of the test.
+    # Only the store that forgets has a retention short enough to wait out, and
+    # only its last write (the second claim) sets it on the record: a stall
+    # before that write cannot make the record vanish early. The other store
+    # keeps its record for the rest of the test.
     forgetting = await make_store(**overrides, **(SHORT if forget is expire else {}))
     store = await make_store(**overrides, key_prefix=forgetting.config.key_prefix)
     settings = make_settings(**overrides)
 
-    first = await forgetting.claim("k", FP)
+    first = await store.claim("k", FP)
     assert first.outcome is Outcome.CLAIMED
-    assert await forgetting.release("k", first.fence)
+    assert await store.release("k", first.fence)
     second = await forgetting.claim("k", FP)  # taken over: exactly one more
     assert second.outcome is Outcome.CLAIMED
     assert second.fence == first.fence + 1
