@@ -301,13 +301,10 @@ class RabbitCluster:
             await asyncio.sleep(0.5)
 
     async def _join(self) -> None:
-        # One node at a time: two nodes starting at once after joining raced on the
-        # cluster's schema once (mnesia failed to start on one of them, exit 69).
         first, *others = self.nodes
-        for node in others:
-            await node.ctl("stop_app")
-            await node.ctl("join_cluster", first.name)
-            await node.ctl("start_app")
+        await asyncio.gather(*(node.ctl("stop_app") for node in others))
+        await asyncio.gather(*(node.ctl("join_cluster", first.name) for node in others))
+        await asyncio.gather(*(node.ctl("start_app") for node in others))
 
     async def running_nodes(self, asking: ClusterNode | None = None) -> set[str]:
         """The nodes ``asking`` (the first one up, by default) sees running."""
