@@ -28,8 +28,8 @@ That is the ``classic`` run.
 
 ``--faults`` (default ``all``) picks the runs made for each store; each kind
 other than ``classic`` is a run of its own with ``--messages`` x 2/5
-messages, the same duplicates, no kill, no broker restart and no outage, so
-what it leaves is the fault's alone (see ``tests.chaos.faults``):
+messages, the same duplicates, no broker restart and no outage, so what it
+leaves is the fault's alone (see ``tests.chaos.faults``):
 
 - ``full`` (Redis): at a quarter of the flow ``maxmemory`` is set just above
   ``used_memory`` with ``noeviction`` for ``--outage`` seconds: writes get
@@ -43,10 +43,15 @@ what it leaves is the fault's alone (see ``tests.chaos.faults``):
   that holds each chunk ``--delay`` ms (default 50) in each direction, for the
   whole run, with a prefetch of 256, the 2.5 s lease, and messages published
   at 4 x ``--rate`` so the prefetch windows fill up.
+- ``rolling`` (every store but postgres-tx): the handler is a plain ``def``
+  on a thread of its own, and ``--terms`` times (default 6) a worker is
+  SIGTERMed mid-handler with a shutdown grace of 0.05 s and started again
+  once it has exited, with ``--kills`` / 2 SIGKILLs mid-handler between.
 
-SQLite has no server and no link to fault: only ``classic`` runs for it. A
-kind that does not fit a store is skipped for it. The default
-``--store all`` makes 14 runs: 5 classic, 1 full, 4 blackhole, 4 slow.
+SQLite has no server and no link to fault: only ``classic`` and ``rolling``
+run for it. A kind that does not fit a store is skipped for it. The default
+``--store all`` makes 18 runs: 5 classic, 1 full, 4 blackhole, 4 slow,
+4 rolling.
 
 ``redis-cluster`` and ``redis-sentinel`` (not in ``all``: each adds a
 6-server topology and about a minute) run the Redis store against a private
@@ -101,7 +106,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tests.chaos.faults import CLASSIC, FAULTS, REPLICATED_REDIS, fits
+from tests.chaos.faults import CLASSIC, FAULTS, REPLICATED_REDIS, ROLLING, fits
 from tests.chaos.rabbit import LANE_ENV, RabbitNode
 from tests.chaos.run import ChaosConfig, Report, run_chaos
 from tests.chaos.table import evidence, tables
@@ -131,6 +136,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--messages", type=int, default=3000, help="messages in all (default 3000)")
     parser.add_argument("--workers", type=int, default=2, help="consumer processes (default 2)")
     parser.add_argument("--kills", type=int, default=12, help="SIGKILLs mid-handler (default 12)")
+    parser.add_argument(
+        "--terms",
+        type=int,
+        default=6,
+        help="rolling runs: SIGTERMs mid-handler (default 6), with half --kills SIGKILLs",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rate", type=float, default=100.0, help="messages per second")
     parser.add_argument(
@@ -219,7 +230,8 @@ async def run_all(args: argparse.Namespace) -> list[Report]:
                 fault=fault,
                 messages=args.messages if classic else args.messages * 2 // 5,
                 workers=args.workers,
-                kills=args.kills if classic else 0,
+                kills=args.kills if classic else (args.kills // 2 if fault == ROLLING else 0),
+                terms=args.terms,
                 seed=args.seed,
                 rate=args.rate,
                 outage=args.outage,

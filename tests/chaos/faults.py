@@ -21,16 +21,24 @@
   renewals included, then queues behind hundreds of others for a pool of a
   few connections, and a lease of 2.5 s leaves little room for that.
 
-The three new kinds run without kills, broker restart or outage, so every
-duplicate effect they leave is their own. SQLite has no server and no link,
-so only ``classic`` fits it.
+- ``rolling``: the handler is a plain ``def`` (it runs on a thread, which
+  nothing can cancel) and the workers are restarted as a rolling upgrade
+  does it: SIGTERMed mid-handler with a shutdown grace shorter than most
+  handlers, started again once they have exited, with SIGKILLs mid-handler
+  between those restarts. A thread outlives the grace: if its key were
+  freed before the thread ends, another worker would run it at the same time.
+
+``full``, ``blackhole`` and ``slow`` run without kills, broker restart or
+outage, so every duplicate effect they leave is their own; ``rolling`` has
+no broker or store fault. SQLite has no server and no link, so only
+``classic`` and ``rolling`` fit it.
 """
 
 from __future__ import annotations
 
 import contextlib
 
-from tests.chaos.transactional import server_kind
+from tests.chaos.transactional import TRANSACTIONAL, server_kind
 from tests.proxy import TcpProxy
 from tests.servers import free_port
 
@@ -38,7 +46,8 @@ CLASSIC = "classic"
 FULL = "full"
 BLACKHOLE = "blackhole"
 SLOW = "slow"
-FAULTS = (CLASSIC, FULL, BLACKHOLE, SLOW)
+ROLLING = "rolling"
+FAULTS = (CLASSIC, FULL, BLACKHOLE, SLOW, ROLLING)
 STALLED_SLOT = 0  # the worker whose link to the store is blackholed
 SLOW_BURST = 4  # a slow run publishes this many times as fast as the others
 # Replicated Redis stores: their classic run fails the primary over instead of
@@ -49,6 +58,9 @@ REPLICATED_REDIS = ("redis-cluster", "redis-sentinel")
 def fits(fault: str, store: str) -> bool:
     """Whether ``fault`` can be injected into a run of ``store``."""
     kind = server_kind(store)
+    if fault == ROLLING:
+        # Transactional mode's handler writes through the key's async transaction.
+        return store != TRANSACTIONAL
     if fault == CLASSIC:
         return True
     if kind in REPLICATED_REDIS:

@@ -16,6 +16,10 @@ row of ``chaos_effects`` written through ``context.db``, the key's own
 PostgreSQL transaction: it counts only if it committed, with the completion.
 The ledger still records every execution, and its stamp every attempt.
 
+``handle_sync`` is the same handler as a plain ``def``, run on a thread of
+its own: the rolling-restart run (``tests.chaos.faults``) uses it, since a
+thread cannot be cancelled and so outlives a shutdown's grace.
+
 The message body drives the handler: ``work_ms`` of work with the effect at
 the ``effect_at`` fraction of it; ``fail`` = ``"transient"`` (fails on the
 first attempt), ``"always"`` (fails every attempt) or ``"permanent"``
@@ -27,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -53,7 +58,8 @@ CREATE TABLE IF NOT EXISTS runs (
 )
 """
 
-_connection: sqlite3.Connection | None = None
+# One connection per thread: a plain handler's thread may not use another's.
+_connections = threading.local()
 
 
 def connect(path: str | Path) -> sqlite3.Connection:
@@ -66,10 +72,10 @@ def connect(path: str | Path) -> sqlite3.Connection:
 
 
 def _ledger() -> sqlite3.Connection:
-    global _connection
-    if _connection is None:
-        _connection = connect(os.environ[LEDGER_ENV])
-    return _connection
+    connection: sqlite3.Connection | None = getattr(_connections, "ledger", None)
+    if connection is None:
+        connection = _connections.ledger = connect(os.environ[LEDGER_ENV])
+    return connection
 
 
 def _begin(context: Context) -> int:
@@ -109,19 +115,51 @@ async def _in_transaction(context: Context, run_id: int) -> None:
     _effect(run_id)  # in the ledger: attempted, committed or not
 
 
-async def _work(context: Context, run_id: int, effect: Effect) -> Any:
-    body = context.body
-    work = float(body.get("work_ms", 10)) / 1000
-    before = work * float(body.get("effect_at", 0.5))
-    await asyncio.sleep(before)
-    fail = body.get("fail")
+def _timing(context: Context) -> tuple[float, float]:
+    """Seconds of work before and after the effect, as the body asks."""
+    work = float(context.body.get("work_ms", 10)) / 1000
+    before = work * float(context.body.get("effect_at", 0.5))
+    return before, work - before
+
+
+def _fail_if_asked(context: Context) -> None:
+    fail = context.body.get("fail")
     if fail == "permanent":
         raise PermanentError("this order can never be paid")
     if fail == "always" or (fail == "transient" and context.attempt == 1):
         raise RuntimeError(f"payment gateway timed out on attempt {context.attempt}")
-    await effect(context, run_id)
-    await asyncio.sleep(work - before)
+
+
+def _result(context: Context) -> dict[str, Any]:
     return {"fence": context.fence, "pid": os.getpid()}
+
+
+async def _work(context: Context, run_id: int, effect: Effect) -> Any:
+    before, after = _timing(context)
+    await asyncio.sleep(before)
+    _fail_if_asked(context)
+    await effect(context, run_id)
+    await asyncio.sleep(after)
+    return _result(context)
+
+
+def handle_sync(context: Context) -> Any:
+    """The chaos handler as a plain ``def``: the same work, blocking its thread."""
+    run_id = _begin(context)
+    outcome = "cancelled"  # a thread is never cancelled: left only if its process dies
+    try:
+        before, after = _timing(context)
+        time.sleep(before)
+        _fail_if_asked(context)
+        _effect(run_id)
+        time.sleep(after)
+        outcome = "returned"
+        return _result(context)
+    except Exception:
+        outcome = "raised"
+        raise
+    finally:
+        _end(run_id, outcome)
 
 
 async def handle(context: Context) -> Any:
@@ -146,6 +184,8 @@ async def _run(context: Context, effect: Effect) -> Any:
         raise
     finally:
         _end(run_id, outcome)
+        # Each execution has a thread of its own: its connection ends with it.
+        _connections.__dict__.pop("ledger").close()
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from tests.chaos.faults import (
     BLACKHOLE,
     CLASSIC,
     FULL,
+    ROLLING,
     SLOW,
     SLOW_BURST,
     STALLED_SLOT,
@@ -46,7 +47,8 @@ from tests.chaos.ledger import LEDGER_ENV, read_runs
 from tests.chaos.processes import private_dir
 from tests.chaos.producer import Order, Publisher, Sent, plan, produce
 from tests.chaos.rabbit import RabbitNode
-from tests.chaos.servers import PrivateRedis, PrivateRedisTopology, StoreServer, start_store
+from tests.chaos.servers import PrivateRedisTopology, StoreServer, start_store
+from tests.chaos.timeline import Timeline
 from tests.chaos.transactional import (
     TRANSACTIONAL,
     committed_effects,
@@ -57,7 +59,6 @@ from tests.chaos.transactional import (
 from tests.chaos.verdict import (
     Failover,
     Verdict,
-    Window,
     claim_lost,
     duplicates_of,
     held_through,
@@ -92,6 +93,8 @@ class ChaosConfig:
     stall: float = 6.0  # seconds a blackholed link holds everything; more than two leases
     slow_delay: float = 0.05  # seconds a slow link holds each chunk, each way
     slow_prefetch: int = 256
+    terms: int = 6  # rolling: SIGTERMs mid-handler, each worker started again after
+    rolling_grace: float = 0.05  # rolling: SEMEL_SHUTDOWN_GRACE, shorter than most handlers
     lock_ttl: float = 2.5
     conflict_delay: float = 0.75
     retry_delays: tuple[float, ...] = (0.25, 0.75)
@@ -113,6 +116,7 @@ class Report:
     kills: int = 0
     kills_after_effect: int = 0
     restarts: int = 0
+    terms: int = 0  # rolling restarts: SIGTERMs mid-handler
     exits: int = 0  # restarts of workers that exited by themselves
     broker_restarts: int = 0
     outages: int = 0
@@ -149,12 +153,13 @@ def chaos_settings(
 ) -> Settings:
     """The run's settings; ``port``: reach the store there (a proxy) rather than directly."""
     prefetch = config.slow_prefetch if config.fault == SLOW else config.prefetch
+    rolling = config.fault == ROLLING
     overrides: dict[str, Any] = {
         "amqp_url": node.url,
         "queue": f"chaos.{run}.work",
         "exchange": f"chaos.{run}.events",
         "key_prefix": run,
-        "handler": "tests.chaos.ledger:handle",
+        "handler": f"tests.chaos.ledger:{'handle_sync' if rolling else 'handle'}",
         "lock_ttl": config.lock_ttl,
         "conflict_delay": config.conflict_delay,
         "retry_delays": list(config.retry_delays),
@@ -162,7 +167,7 @@ def chaos_settings(
         "retention": 3600,
         "max_claims": 10,
         "handler_timeout": 30,
-        "shutdown_grace": 5,
+        "shutdown_grace": config.rolling_grace if rolling else 5,
         "broker_give_up": 120,
         "prefetch": prefetch,
         "metrics_port": 0,
@@ -178,111 +183,6 @@ def done_checker(store: Store) -> Callable[[str], Awaitable[bool]]:
         return found[key] in (Status.COMPLETED, Status.FAILED)
 
     return is_done
-
-
-class Timeline:
-    """The faults, started at their moments of the flow, with their wall-clock windows."""
-
-    def __init__(self, config: ChaosConfig, flow: float, rng: random.Random) -> None:
-        self.config, self.flow, self.rng = config, flow, rng
-        # Wall-clock windows the store was away, and the worker slot cut off (None: all).
-        self.outages: list[tuple[float, float, int | None]] = []
-        self.detail = ""
-        self.started = time.monotonic()
-
-    def windows(self, pool: Pool) -> list[Window]:
-        return [
-            Window(start, end, None if slot is None else pool.pids_of(slot))
-            for start, end, slot in self.outages
-        ]
-
-    async def _at(self, share: float) -> None:
-        await asyncio.sleep(max(0.0, self.started + share * self.flow - time.monotonic()))
-
-    async def kills(self, pool: Pool) -> None:
-        count = self.config.kills
-        for n in range(count):
-            await self._at(0.1 + 0.75 * n / max(1, count - 1))
-            # Two in three aim past the effect: those are the kills that can duplicate it.
-            kill = await pool.kill_mid_handler(self.rng, after_effect=n % 3 != 2)
-            if kill is None:
-                log.warning("kill %d: no handler in flight to cut short", n + 1)
-            else:
-                log.info("kill %d: pid %d, %d handlers in flight", n + 1, kill.pid, kill.in_flight)
-
-    async def broker_and_store(self, node: RabbitNode, server: StoreServer, pool: Pool) -> None:
-        if isinstance(server, PrivateRedisTopology):
-            # A failover is the store fault of its own: no broker restart before it,
-            # which would hold the flow back until it is nearly over.
-            await self._failover(server, pool)
-            return
-        await self._at(0.3)
-        log.info("broker: stop_app")
-        await node.restart(self.config.broker_down)
-        log.info("broker: started again")
-        if server.can_fail:
-            await self._at(0.6)
-            # Right after the broker restart the workers are still reconnecting:
-            # an outage then would meet no handler. Wait for the flow to be back.
-            running = self.config.outage_when_running
-            if not await pool.handlers_running(running, 15):
-                log.warning("store outage starts with fewer than %d handlers running", running)
-            log.info("store: outage of %gs begins", self.config.outage)
-            began = time.time()
-            await server.outage(self.config.outage)
-            self.outages.append((began, time.time(), None))
-            log.info("store: back")
-
-    async def _failover(self, server: PrivateRedisTopology, pool: Pool) -> None:
-        """The primary SIGKILLed at half the flow, while handlers run; healed after."""
-        await self._at(0.5)
-        # At a light rate few handlers run at once: wait for two at most, and not
-        # longer than a tenth of the flow, so the kill still lands inside it.
-        running = min(2, self.config.outage_when_running)
-        if not await pool.handlers_running(running, max(1.0, self.flow / 10)):
-            log.warning("the primary dies with fewer than %d handlers running", running)
-        log.info("store: the primary is SIGKILLed")
-        began = time.time()
-        await server.outage(0.0)
-        # Until the old primary is back as a replica, writes waiting for one fail.
-        self.outages.append((began, time.time(), None))
-        failover = server.failovers[-1]
-        log.info("store: promoted after %.1fs, old primary back as replica",
-                 failover.promoted - failover.killed)  # fmt: skip
-
-    async def fill_up(self, server: StoreServer, pool: Pool) -> None:
-        """A Redis that fills up: writes refused with ``OOM`` for ``outage`` seconds."""
-        assert isinstance(server, PrivateRedis)
-        await self._at(self.config.fault_at)
-        running = self.config.outage_when_running
-        if not await pool.handlers_running(running, 15):
-            log.warning("store fills up with fewer than %d handlers running", running)
-        log.info("store: full (maxmemory at used_memory, noeviction) for %gs", self.config.outage)
-        began = time.time()
-        refused = await server.fill_up(self.config.outage)
-        self.outages.append((began, time.time(), None))
-        self.detail = f"writes refused for {self.config.outage:g}s: {refused} OOM replies"
-        log.info("store: room again after %d OOM replies", refused)
-
-    async def blackhole(self, proxy: TcpProxy, pool: Pool) -> None:
-        """Worker ``STALLED_SLOT``'s link to the store stalls for ``stall`` seconds."""
-        await self._at(self.config.fault_at)
-        running = max(1, self.config.outage_when_running // 4)
-        if not await pool.handlers_running(running, 15, slots=[STALLED_SLOT]):
-            log.warning("the link stalls with fewer than %d handlers running behind it", running)
-        log.info("store: worker %d's link stalls for %gs", STALLED_SLOT, self.config.stall)
-        began = time.time()
-        proxy.stall()
-        try:
-            await asyncio.sleep(self.config.stall)
-        finally:
-            proxy.resume()
-        self.outages.append((began, time.time(), STALLED_SLOT))
-        self.detail = (
-            f"worker {STALLED_SLOT}'s link stalled {self.config.stall:g}s "
-            f"(lease {self.config.lock_ttl:g}s), others direct"
-        )
-        log.info("store: worker %d's link flows again", STALLED_SLOT)
 
 
 async def wait_for_consumers(observer: Broker, queue: str, count: int, deadline: float) -> None:
@@ -349,6 +249,12 @@ async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Repo
                 faults += [timeline.kills(pool), timeline.broker_and_store(node, server, pool)]
             elif config.fault == FULL:
                 faults.append(timeline.fill_up(server, pool))
+            elif config.fault == ROLLING:
+                faults.append(timeline.rolling(pool))
+                timeline.detail = (
+                    f"plain def handlers; {config.terms} SIGTERMs mid-handler "
+                    f"(grace {config.rolling_grace:g}s), {config.kills} SIGKILLs"
+                )
             elif config.fault == BLACKHOLE:
                 assert stalled is not None
                 faults.append(timeline.blackhole(stalled, pool))
@@ -391,7 +297,7 @@ async def _links(
 ) -> tuple[Settings, dict[int, dict[str, str]], TcpProxy | None]:
     """How the workers reach the store: their settings, one slot's own, the link to stall."""
     run = direct.key_prefix
-    if config.fault == CLASSIC:
+    if config.fault in (CLASSIC, ROLLING):
         return direct, {}, None
     if not fits(config.fault, config.store) or server.client_port is None:
         raise ValueError(f"the {config.fault} fault does not fit the {config.store} store")
@@ -440,6 +346,7 @@ async def _report(
         kills=len(pool.kills),
         kills_after_effect=sum(1 for k in pool.kills if k.after_effect),
         restarts=pool.restarts,
+        terms=len(pool.terms),
         exits=len(pool.exits),
         outages=len(timeline.outages),
         outage_kind=server.outage_kind,

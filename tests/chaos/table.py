@@ -145,6 +145,7 @@ FAULT_COLUMNS: list[tuple[str, Callable[[Report], object]]] = [
     ("store", lambda r: r.store),
     ("fault", lambda r: r.fault),
     ("sent", lambda r: r.sent.total),
+    ("kills/terms", lambda r: f"{r.kills}/{r.terms}"),
     ("runs/effects", lambda r: f"{r.executions}/{r.effects}"),
     ("held", lambda r: r.held if r.outages else "-"),
     ("slowest", lambda r: f"{r.slowest:.1f} s"),
@@ -152,6 +153,7 @@ FAULT_COLUMNS: list[tuple[str, Callable[[Report], object]]] = [
     ("parked", lambda r: len(r.verdict.parked)),
     ("lost", lambda r: len(r.verdict.lost)),
     ("dup.", lambda r: len(r.verdict.duplicates)),
+    ("killed", lambda r: r.verdict.count(KILLED)),
     ("in fault", lambda r: r.verdict.count(OUTAGE)),
     ("unexpl.", lambda r: r.verdict.count(UNEXPLAINED)),
     ("overlaps", lambda r: r.overlaps),
@@ -162,18 +164,20 @@ FAULT_COLUMNS: list[tuple[str, Callable[[Report], object]]] = [
 
 
 def render_faults(reports: list[Report]) -> Table:
-    """One row per run of a fault kind other than classic (none of them kills a worker)."""
+    """One row per run of a fault kind other than classic (only ``rolling`` stops workers)."""
     # What each fault did goes under the table, a line per run: too long for a cell.
     legend = (
+        "kills/terms: workers SIGKILLed / SIGTERMed mid-handler; "
         "slowest: longest delivery, arrival to settle; parked: in Q.dlq though meant to "
-        "complete; dup.: duplicate (superseded) effects; "
+        "complete; dup.: duplicate (superseded) effects; killed: of them, SIGKILLed after "
+        "the effect; "
         "in fault: of them, lease expired while the store was away from their worker; "
         "unexpl.: of them, unexplained; overlaps: pairs of executions of one key at the same "
         "time, with or without an effect"
     )
     caption = "\n".join([legend, *(f"{r.store} {r.fault}: {r.fault_detail}" for r in reports)])
     table = Table(
-        title="semel chaos run: store faults, no worker killed",
+        title="semel chaos run: store faults and rolling restarts",
         caption=caption,
         caption_justify="left",
         show_lines=False,

@@ -4,7 +4,8 @@ Each run gets two workers, two SIGKILLs mid-handler, one broker restart and
 one store outage longer than the lease (SQLite has no server to stop), on a
 private RabbitMQ node shared by the runs. The PostgreSQL store also runs in
 transactional mode, where no duplicate effect is allowed at all. One more
-run blackholes one worker's link to the store for more than two leases.
+run blackholes one worker's link to the store for more than two leases, and
+one restarts workers with plain ``def`` handlers as a rolling upgrade does.
 Against a Redis Cluster and a primary under Sentinel, with every write
 acknowledged by a replica, the store fault is a primary SIGKILLed mid-flow
 instead (no broker restart there).
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from tests.chaos.faults import BLACKHOLE, REPLICATED_REDIS
+from tests.chaos.faults import BLACKHOLE, REPLICATED_REDIS, ROLLING
 from tests.chaos.rabbit import RabbitNode
 from tests.chaos.run import ChaosConfig, Report, run_chaos
 from tests.chaos.table import evidence, tables
@@ -43,6 +44,7 @@ pytestmark = [
 
 STORES = ["sqlite", "postgres", "redis", "dynamodb", TRANSACTIONAL]
 BLACKHOLE_STORE = "postgres"
+ROLLING_STORE = "redis"
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +133,39 @@ async def test_a_worker_with_a_blackholed_store_link_runs_no_key_alongside_anoth
     # not explain, is unexplained.
     assert report.verdict.count(UNEXPLAINED) == 0, table
     assert report.outages == 1, table
+
+
+@pytest.mark.timeout(120)
+async def test_plain_handlers_run_no_key_twice_under_rolling_restarts(
+    private_broker: RabbitNode, tmp_path: Path, pytestconfig: pytest.Config
+) -> None:
+    # A thread cannot be cancelled: a worker SIGTERMed with a grace shorter
+    # than its handlers must neither free a key whose thread still runs nor
+    # hand back work its thread finished.
+    if rabbitmq_lane(pytestconfig) != "3":
+        pytest.skip("the shutdown path does not depend on the broker's version: one lane")
+    config = ChaosConfig(
+        store=ROLLING_STORE,
+        fault=ROLLING,
+        messages=300,
+        workers=2,
+        kills=2,
+        terms=6,
+        seed=7,
+        rate=30,
+        drain_deadline=60,
+        keep=tmp_path,
+    )
+    report = await run_chaos(config, private_broker)
+    table = show(report)
+    print(table)
+
+    assert report.drained, f"keys still unsettled after the drain deadline\n{table}"
+    assert report.verdict.lost == [], table
+    assert report.verdict.count(UNEXPLAINED) == 0, table
+    assert report.overlaps == 0, table
+    assert report.terms == config.terms, table
+    assert report.kills == config.kills, table
 
 
 @pytest.mark.timeout(150)

@@ -1,9 +1,11 @@
-"""The consumer processes of a chaos run: started, killed mid-handler, restarted.
+"""The consumer processes of a chaos run: started, killed or stopped mid-handler, restarted.
 
 Each worker is ``python -m consumer`` in its own process group with JSON
 logs in a file of its own; the logs are evidence later (which delivery of
 which key settled how). A killed worker is restarted at once, like a
-supervisor would; one that exits by itself is restarted too and counted.
+supervisor would; one that exits by itself is restarted too and counted. A
+rolling restart SIGTERMs a worker mid-handler and starts it again once it
+has exited, as an orchestrator replacing a pod does.
 A worker slot may get environment variables of its own (its own route to the
 store, say). Workers run in the checkout this module is in, with it first on
 ``PYTHONPATH``, so they import its ``consumer`` and ``stores`` whatever else
@@ -43,6 +45,16 @@ class Kill:
 
 
 @dataclass(frozen=True, slots=True)
+class Term:
+    """One SIGTERM of a rolling restart: whose, when, and how the worker ended."""
+
+    pid: int
+    at: float
+    in_flight: int
+    code: int | None  # its exit code; None: SIGKILLed after STOP_WAIT
+
+
+@dataclass(frozen=True, slots=True)
 class Exit:
     """A worker that ended without being killed by the run."""
 
@@ -59,6 +71,7 @@ class Worker:
         self.env = env | {"PYTHONPATH": path}
         self.logs = logs
         self.generation = 0
+        self.stopping = False  # SIGTERMed by a rolling restart: not a crash to restart
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_files: dict[int, Path] = {}
 
@@ -117,6 +130,7 @@ class Pool:
         # of a file that is not there yet fails.
         connect(ledger).close()
         self.kills: list[Kill] = []
+        self.terms: list[Term] = []
         self.exits: list[Exit] = []
         self.restarts = 0
         self._stopping = False
@@ -138,6 +152,8 @@ class Pool:
         """Restart workers that exit by themselves, until :meth:`stop`."""
         while not self._stopping:
             for worker in self.workers:
+                if worker.stopping:
+                    continue
                 if worker.proc is not None and (code := worker.proc.poll()) is not None:
                     self.exits.append(Exit(worker.pid, code))
                     worker.start()
@@ -148,21 +164,52 @@ class Pool:
         self, rng: random.Random, *, after_effect: bool, deadline: float = 30.0
     ) -> Kill | None:
         """SIGKILL a random worker while the ledger shows one of its handlers running."""
+        worker, running = await self._busy_worker(rng, after_effect=after_effect, deadline=deadline)
+        return None if worker is None else self._kill(worker, running, after_effect)
+
+    async def term_mid_handler(self, rng: random.Random, *, deadline: float = 30.0) -> Term | None:
+        """SIGTERM a random worker while the ledger shows one of its handlers running
+        (a rolling restart); start it again once it has exited."""
+        worker, running = await self._busy_worker(rng, after_effect=False, deadline=deadline)
+        if worker is None:
+            return None
+        assert worker.proc is not None
+        pid, proc = worker.pid, worker.proc
+        worker.stopping = True
+        try:
+            proc.send_signal(signal.SIGTERM)
+            at = time.time()
+            await asyncio.to_thread(worker.wait, STOP_WAIT)
+            code = proc.poll()
+            worker.kill()
+            if not self._stopping:
+                worker.start()
+                self.restarts += 1
+        finally:
+            worker.stopping = False
+        term = Term(pid, at, running, code)
+        self.terms.append(term)
+        return term
+
+    async def _busy_worker(
+        self, rng: random.Random, *, after_effect: bool, deadline: float
+    ) -> tuple[Worker | None, int]:
+        """A random live worker with handlers running (past their effect, if asked)."""
         conn = sqlite3.connect(f"file:{self.ledger}?mode=ro", uri=True, timeout=5)
         end = time.monotonic() + deadline
         try:
             while time.monotonic() < end and not self._stopping:
-                candidates = [w for w in self.workers if w.alive()]
+                candidates = [w for w in self.workers if w.alive() and not w.stopping]
                 rng.shuffle(candidates)
                 for worker in candidates:
                     with contextlib.suppress(sqlite3.Error):  # the ledger may not exist yet
                         running = in_flight(conn, worker.pid, after_effect=after_effect)
                         if running:
-                            return self._kill(worker, running, after_effect)
+                            return worker, running
                 await asyncio.sleep(0.01)
         finally:
             conn.close()
-        return None
+        return None, 0
 
     async def handlers_running(
         self, count: int, deadline: float, slots: Iterable[int] | None = None
