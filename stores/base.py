@@ -238,7 +238,12 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def heartbeat(self, key: str, fence: int) -> bool:
-        """Extend the lease by ``lock_ttl`` from now; ``False`` if taken over."""
+        """Extend a running lease by ``lock_ttl`` from now.
+
+        ``False`` if taken over, or if the lease is over (its worker released
+        it, or it lapsed): a heartbeat landing after its own release must not
+        hold the key again for nobody.
+        """
 
     @abc.abstractmethod
     async def get(self, key: str) -> Record | None:
@@ -246,10 +251,14 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def reset(self, key: str) -> bool:
-        """Forget the key's outcome so it runs again (DLQ replay).
+        """Forget a failed key's outcome so it runs again (DLQ replay).
 
-        The fence is kept where the backend can keep it, so fences stay
-        monotonic for downstream systems. ``False`` when the key is absent.
+        Only a failed key is reset, poison included (marked failed, or in
+        progress with its claims used up and no lease); its claims start
+        again. A completed key stays completed, so a replayed copy of it is a
+        duplicate, and a claim in hand keeps its lease. The fence is kept
+        where the backend can keep it, so fences stay monotonic for
+        downstream systems. ``False`` when the key is absent or not failed.
         """
 
     @abc.abstractmethod

@@ -226,7 +226,7 @@ class DynamoDBStore(Store):
         return await self._finish(completion.key, fence, update, Status.COMPLETED, "result", data)
 
     async def release(self, key: str, fence: int) -> bool:
-        update = items.lease_update(fence, ":now_ms", Instant.now(), self.config)
+        update = items.release_update(fence, Instant.now(), self.config)
         return await self._update(key, update)
 
     async def fail(self, key: str, fence: int, error: str) -> bool:
@@ -234,7 +234,7 @@ class DynamoDBStore(Store):
         return await self._finish(key, fence, update, Status.FAILED, "error", error)
 
     async def heartbeat(self, key: str, fence: int) -> bool:
-        update = items.lease_update(fence, ":lease", Instant.now(), self.config)
+        update = items.heartbeat_update(fence, Instant.now(), self.config)
         return await self._update(key, update)
 
     async def get(self, key: str) -> Record | None:

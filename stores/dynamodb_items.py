@@ -74,7 +74,18 @@ POISON_CONDITION = (
 )
 # Every write after a claim is fenced, and a key past retention belongs to nobody.
 OWNER_CONDITION = "#fence = :fence AND #expires_at > :now_s AND #status = :in_progress"
-LIVE_CONDITION = "attribute_exists(#pk) AND #expires_at > :now_s"
+# A lease its worker released is over: a renewal landing late cannot hold the
+# key for nobody. A repeat meets the lease its first attempt extended.
+HEARTBEAT_CONDITION = OWNER_CONDITION + " AND #lease_expires_at > :now_ms"
+# A failed key only, poison included (claims used up, no lease): a completed
+# key stays completed, a claim in hand keeps its lease. The last clause is this
+# very reset repeated by botocore, with no claim in between.
+RESET_CONDITION = (
+    "attribute_exists(#pk) AND #expires_at > :now_s AND (#status = :failed"
+    " OR (#status = :in_progress AND #claims >= :max_claims"
+    " AND (attribute_not_exists(#lease_expires_at) OR #lease_expires_at <= :now_ms))"
+    " OR (#status = :in_progress AND #claims = :zero AND #lease_expires_at = :now_ms))"
+)
 FINISH = ", #updated_at = :now_ms, #expires_at = :done_until REMOVE #lease_expires_at"
 
 
@@ -214,12 +225,16 @@ def finished_as(item: Item, fence: int, status: Status, attribute: str, value: s
     )
 
 
-def lease_update(fence: int, lease: str, now: Instant, config: StoreConfig) -> Update:
-    """Heartbeat (``lease=":lease"``) or release (``lease=":now_ms"``): repeats are harmless."""
-    expression = (
-        f"SET #lease_expires_at = {lease}, #updated_at = :now_ms, #expires_at = :live_until"
-    )
-    return update(expression, OWNER_CONDITION, now, config, fence=fence)
+# A heartbeat (``:lease``) or a release (``:now_ms``): repeats are harmless.
+LEASE_UPDATE = "SET #lease_expires_at = {}, #updated_at = :now_ms, #expires_at = :live_until"
+
+
+def heartbeat_update(fence: int, now: Instant, config: StoreConfig) -> Update:
+    return update(LEASE_UPDATE.format(":lease"), HEARTBEAT_CONDITION, now, config, fence=fence)
+
+
+def release_update(fence: int, now: Instant, config: StoreConfig) -> Update:
+    return update(LEASE_UPDATE.format(":now_ms"), OWNER_CONDITION, now, config, fence=fence)
 
 
 def reset_update(now: Instant, config: StoreConfig) -> Update:
@@ -227,7 +242,7 @@ def reset_update(now: Instant, config: StoreConfig) -> Update:
         "SET #status = :in_progress, #claims = :zero, #lease_expires_at = :now_ms,"
         " #updated_at = :now_ms, #expires_at = :live_until REMOVE #result, #error"
     )
-    return update(expression, LIVE_CONDITION, now, config)
+    return update(expression, RESET_CONDITION, now, config)
 
 
 def fresh_item(

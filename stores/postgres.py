@@ -209,7 +209,8 @@ class PostgresStore(Store):
         return await self._write(self._sql.heartbeat, self._params(key, fence=fence))
 
     async def reset(self, key: str) -> bool:
-        return await self._write(self._sql.reset, self._params(key))
+        params = self._params(key, max_claims=self.config.max_claims)
+        return await self._write(self._sql.reset, params)
 
     async def get(self, key: str) -> Record | None:
         async with self._cursor() as cur:

@@ -123,9 +123,10 @@ class RedisScripts(Store):
         # Script arguments that never change, encoded once.
         lock, live = b"%d" % self._lock_ms, b"%d" % self._live_ms
         self._retention = b"%d" % self._retention_ms
+        self._max_claims = b"%d" % config.max_claims
         self._heartbeat_args = (lock, live)
         self._claim_args = Args.of(
-            lock, self._retention, live, b"%d" % config.max_claims, POISON_ERROR.encode()
+            lock, self._retention, live, self._max_claims, POISON_ERROR.encode()
         )
         self._complete_args = Args.of(self._retention)
         self.replicas_ack = replicas_ack
@@ -311,7 +312,7 @@ class RedisScripts(Store):
         return decode_record(key, reply)
 
     async def reset(self, key: str) -> bool:
-        return await self._fenced(RESET, key, self._retention)
+        return await self._fenced(RESET, key, self._retention, self._max_claims)
 
     async def migrate(self) -> list[str]:
         """Nothing to create; check the server answers, and say what its set-up risks."""

@@ -98,10 +98,20 @@ SET_FAIL = """status = 'failed', error = {p[error]}, lock_expires_at = NULL,
     updated_at = {now}, expires_at = {now_plus[retention]}"""
 SET_HEARTBEAT = """lock_expires_at = {now_plus[ttl]}, updated_at = {now},
     expires_at = {now_plus[hold]}"""
+# Only a lease still running is renewed. A release ends the lease at its own
+# instant, so a heartbeat that lands after it (a renewal the release did not
+# wait for) finds it over and cannot hold the key for nobody.
+UNEXPIRED = FENCED + " AND lock_expires_at > {now}"
 SET_RESET = """status = 'in_progress', claims = 0, result = NULL, error = NULL,
     lock_expires_at = {now}, updated_at = {now}, expires_at = {now_plus[hold]}"""
-# A row past retention is absent: resetting it would revive its fingerprint.
-LIVE_KEY = " WHERE key = {p[key]} AND expires_at > {now}"
+# Only a failed key is reset, poison included: marked failed, or in progress
+# with its claims used up and no lease (the next claim would mark it). A row
+# past retention is absent: resetting it would revive its fingerprint. A
+# completed key stays completed, so a replayed copy of it is a duplicate, and
+# a claim in hand keeps its lease.
+FAILED_KEY = """ WHERE key = {p[key]} AND expires_at > {now}
+    AND (status = 'failed' OR (status = 'in_progress' AND claims >= {p[max_claims]}
+                               AND NOT coalesce(lock_expires_at > {now}, {false})))"""
 
 
 class _Each:
@@ -184,7 +194,7 @@ class Shared:
         return self.update(SET_FAIL)
 
     def heartbeat(self) -> str:
-        return self.update(SET_HEARTBEAT)
+        return self.update(SET_HEARTBEAT, UNEXPIRED)
 
     def reset(self) -> str:
-        return self.update(SET_RESET, LIVE_KEY)
+        return self.update(SET_RESET, FAILED_KEY)

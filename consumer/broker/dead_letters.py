@@ -255,6 +255,10 @@ async def replay(
     publish a copy to the work queue through the default exchange, and only
     once the broker confirmed the copy, ack the dead letter. ``channel`` must
     have publisher confirms.
+
+    A reset takes only a failed key (:meth:`stores.base.Store.reset`): the
+    second dead letter of a key whose first copy already completed, or a
+    replay run again after its copy completed, replays a duplicate.
     """
     report = ReplayReport()
     batch = await _fetch(channel, topology.dead_letter_queue, None)

@@ -144,6 +144,20 @@ async def test_heartbeat_keeps_lease_past_ttl(make_store: StoreFactory) -> None:
     assert await store.complete("k", owner.fence, None)
 
 
+async def test_heartbeat_after_release_does_not_lease_the_key_again(
+    make_store: StoreFactory,
+) -> None:
+    """A heartbeat that lands after its own worker's release (a renewal the
+    release did not wait for) must not hold the released key for nobody."""
+    store = await make_store(lock_ttl=30)
+    first = await store.claim("k", FP)
+    assert await store.release("k", first.fence)
+    assert not await store.heartbeat("k", first.fence)
+    second = await store.claim("k", FP)
+    assert second.outcome is Outcome.CLAIMED, "the late heartbeat leased the key again"
+    assert second.fence == first.fence + 1
+
+
 async def test_poison_after_max_claims(make_store: StoreFactory) -> None:
     store = await make_store(max_claims=3)
     fences = []
@@ -190,6 +204,47 @@ async def test_reset_lets_failed_key_run_again(make_store: StoreFactory) -> None
     assert again.outcome is Outcome.CLAIMED
     assert again.fence > first.fence
     assert not await store.reset("never-seen")
+
+
+async def test_reset_lets_poisoned_key_run_again(make_store: StoreFactory) -> None:
+    store = await make_store(max_claims=2)
+
+    async def use_up_claims() -> None:
+        for _ in range(2):
+            claim = await store.claim("k", FP)
+            assert claim.outcome is Outcome.CLAIMED
+            assert await store.release("k", claim.fence)
+
+    await use_up_claims()
+    assert await store.reset("k")  # claims used up, not yet marked: poison all the same
+    await use_up_claims()
+    assert (await store.claim("k", FP)).outcome is Outcome.POISON
+    assert await store.reset("k")
+    assert (await store.claim("k", FP)).outcome is Outcome.CLAIMED
+
+
+async def test_reset_never_reopens_a_completed_key(make_store: StoreFactory) -> None:
+    """A replayed copy of a key that completed is a duplicate: its handler never runs again."""
+    store = await make_store()
+    first = await store.claim("k", FP)
+    assert await store.complete("k", first.fence, {"v": 1})
+    assert not await store.reset("k")
+    again = await store.claim("k", FP)
+    assert again.outcome is Outcome.DUPLICATE
+    assert again.record.result == {"v": 1}
+
+
+async def test_reset_leaves_a_claim_in_hand_alone(make_store: StoreFactory) -> None:
+    """Only a failed key is reset: a held claim keeps its lease, a released one its count."""
+    store = await make_store(lock_ttl=30)
+    held = await store.claim("k", FP)
+    assert not await store.reset("k")
+    assert (await store.claim("k", FP)).outcome is Outcome.IN_PROGRESS
+    assert await store.heartbeat("k", held.fence)
+    assert await store.release("k", held.fence)
+    assert not await store.reset("k")
+    taken = await store.claim("k", FP)
+    assert (taken.outcome, taken.record.claims) == (Outcome.CLAIMED, 2)
 
 
 async def test_get_absent_is_none(make_store: StoreFactory) -> None:

@@ -72,7 +72,7 @@ async def test_poison_marks_failed_in_the_claim(make_store: StoreFactory) -> Non
 async def test_reset_clears_outcome_and_keeps_fence(make_store: StoreFactory) -> None:
     store = await make_store(max_claims=2)
     first = await store.claim("k", FP)
-    assert await store.complete("k", first.fence, {"v": 1})
+    assert await store.fail("k", first.fence, "PermanentError: no")
     assert await store.reset("k")
     record = await store.get("k")
     assert record is not None

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aio_pika
@@ -16,10 +18,11 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from typer.testing import CliRunner
 
+from consumer import names
 from consumer.broker import topology
 from consumer.commands.app import app
 from consumer.container import topology_of
-from consumer.names import Topology
+from consumer.names import Reason, Topology
 from settings import Settings
 from tests.conftest import SettingsFactory, settings_env
 
@@ -126,3 +129,44 @@ async def drain(channel: AbstractChannel, queue: str) -> list[AbstractIncomingMe
 
 def header(message: AbstractIncomingMessage, name: str) -> Any:
     return (message.headers or {}).get(name)
+
+
+KEY_HEADER = "Idempotency-Key"
+FINGERPRINT = "f" * 64
+
+
+async def dead_letter(
+    channel: AbstractChannel,
+    settings: Settings,
+    key: str,
+    reason: Reason,
+    *,
+    attempts: int = 5,
+    age: timedelta = timedelta(minutes=3),
+) -> None:
+    """Put a dead letter in Q.dlq the way the consumer does: confirmed, through Q.dlx."""
+    now = datetime.now(UTC)
+    message = aio_pika.Message(
+        json.dumps({"event": "order.paid", "order_id": key, "amount": 1}).encode(),
+        content_type="application/json",
+        correlation_id=f"corr-{key}",
+        app_id="shop",
+        message_id=f"mid-{key}",
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        headers={
+            KEY_HEADER: key,
+            "x-trace": "keep-me",
+            names.H_REASON: reason.value,
+            names.H_ERROR: f"RuntimeError: payment service said no to {key} " + "x" * 200,
+            names.H_ATTEMPTS: attempts,
+            names.H_KEY: key,
+            names.H_ORIGINAL_EXCHANGE: settings.exchange,
+            names.H_ORIGINAL_ROUTING_KEY: "order.paid",
+            names.H_FIRST_SEEN: (now - age - timedelta(seconds=30)).isoformat(),
+            names.H_DEAD_LETTERED_AT: (now - age).isoformat(timespec="milliseconds"),
+            "x-death": [{"queue": settings.queue, "reason": "rejected", "count": 1}],
+            "x-first-death-queue": settings.queue,
+        },
+    )
+    dlx = await channel.get_exchange(Topology(settings.queue).dead_letter_exchange)
+    await dlx.publish(message, names.DLQ_ROUTING_KEY, mandatory=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import aio_pika
 import pytest
@@ -22,6 +22,9 @@ from stores.base import Outcome, Store
 from stores.errors import StoreUnavailable
 from tests.conftest import Rabbitmqctl, StoreFactory
 from tests.tools.conftest import (
+    FINGERPRINT,
+    KEY_HEADER,
+    dead_letter,
     depth,
     drain,
     eventually,
@@ -32,46 +35,6 @@ from tests.tools.conftest import (
 )
 
 pytestmark = pytest.mark.timeout(90)
-
-KEY_HEADER = "Idempotency-Key"
-FINGERPRINT = "f" * 64
-
-
-async def dead_letter(
-    channel: AbstractChannel,
-    settings: Settings,
-    key: str,
-    reason: Reason,
-    *,
-    attempts: int = 5,
-    age: timedelta = timedelta(minutes=3),
-) -> None:
-    """Put a dead letter in Q.dlq the way the consumer does: confirmed, through Q.dlx."""
-    now = datetime.now(UTC)
-    message = aio_pika.Message(
-        json.dumps({"event": "order.paid", "order_id": key, "amount": 1}).encode(),
-        content_type="application/json",
-        correlation_id=f"corr-{key}",
-        app_id="shop",
-        message_id=f"mid-{key}",
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        headers={
-            KEY_HEADER: key,
-            "x-trace": "keep-me",
-            names.H_REASON: reason.value,
-            names.H_ERROR: f"RuntimeError: payment service said no to {key} " + "x" * 200,
-            names.H_ATTEMPTS: attempts,
-            names.H_KEY: key,
-            names.H_ORIGINAL_EXCHANGE: settings.exchange,
-            names.H_ORIGINAL_ROUTING_KEY: "order.paid",
-            names.H_FIRST_SEEN: (now - age - timedelta(seconds=30)).isoformat(),
-            names.H_DEAD_LETTERED_AT: (now - age).isoformat(timespec="milliseconds"),
-            "x-death": [{"queue": settings.queue, "reason": "rejected", "count": 1}],
-            "x-first-death-queue": settings.queue,
-        },
-    )
-    dlx = await channel.get_exchange(Topology(settings.queue).dead_letter_exchange)
-    await dlx.publish(message, names.DLQ_ROUTING_KEY, mandatory=True)
 
 
 @pytest.fixture
@@ -271,6 +234,30 @@ async def test_replay_all(settings: Settings, channel: AbstractChannel, store: S
     assert await claims_again(store, "x-1")
     assert await claims_again(store, "x-2")
     assert (await store.claim("done", FINGERPRINT)).outcome is Outcome.DUPLICATE
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.usefixtures("declared")
+async def test_replay_run_again_after_its_copy_completed_replays_a_duplicate(
+    settings: Settings, channel: AbstractChannel, store: Store
+) -> None:
+    """A replay interrupted after its reset and its confirmed copy, before the
+    ack: the copy ran and completed, the dead letter is still there. Running
+    the replay again must not reopen the key."""
+    names_ = Topology(settings.queue)
+    await failed_key(store, "again")
+    await dead_letter(channel, settings, "again", Reason.MAX_ATTEMPTS)
+    await wait_for_depth(channel, names_.dead_letter_queue, 1)
+    assert await store.reset("again")  # the interrupted run's reset
+    copy = await store.claim("again", FINGERPRINT)  # its copy, run to completion
+    assert await store.complete("again", copy.fence, {"paid": True})
+
+    done = await semel(settings, "dlq", "replay", "--all", "--json")
+    assert done.code == 0, done.stderr
+    assert json.loads(done.stdout) == {"replayed": 1, "kept": 0, "failed": 0, "reset": 0}
+    duplicate = await store.claim("again", FINGERPRINT)
+    assert duplicate.outcome is Outcome.DUPLICATE
+    assert duplicate.record.result == {"paid": True}
 
 
 async def test_replay_without_a_selection_exits_2(settings: Settings) -> None:
