@@ -58,7 +58,10 @@ class SlowCommitAnswers(TcpProxy):
             holding.cancel()
 
 
+# 1: the last attempt, which would be dead-lettered; 3: one that would be retried.
+@pytest.mark.parametrize("max_attempts", [1, 3])
 async def test_a_commit_answered_after_the_time_limit_is_a_completed_delivery(
+    max_attempts: int,
     consumer_settings_tx: SettingsFactory,
     broker: Broker,
     downstream: Downstream,
@@ -69,11 +72,11 @@ async def test_a_commit_answered_after_the_time_limit_is_a_completed_delivery(
     await proxy.start()
     try:
         direct = consumer_settings_tx()
-        # The last attempt, with a time limit the COMMIT's answer outlasts.
+        # A time limit the COMMIT's answer outlasts.
         settings = consumer_settings_tx(
             postgres_dsn=f"postgresql://127.0.0.1:{proxy.port}/test",
             handler_timeout=0.5,
-            max_attempts=1,
+            max_attempts=max_attempts,
         )
         store: Store = await open_store(direct)
         try:
