@@ -152,3 +152,38 @@ async def test_a_dead_letter_is_acked_only_once_its_key_is_marked_failed(
         assert await status_is(store, "k", Status.FAILED)
     finally:
         await away.close()
+
+
+class MarkRefused(DelegatingStore):
+    """Answers every ``fail`` as refused: the claim taken over between the dead
+    letter's confirm and the mark (a lease lost while the store was away)."""
+
+    async def fail(self, key: str, fence: int, error: str) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+async def test_a_mark_refused_after_the_dead_letter_is_a_fenced_out_outcome(
+    consumer_settings: ConsumerSettings,
+    broker: Broker,
+    ledger: Path,
+    start_consumer: StartConsumer,
+) -> None:
+    settings = consumer_settings()
+    refused = MarkRefused(await open_store(settings))
+    try:
+        consumer = await start_consumer(settings, refused)
+        await broker.publish(settings, {"permanent": "declined"}, key="k")
+        await settle_all(broker, settings, dead_letters=1)
+        registry = consumer.container.metrics().registry
+        conflicts = registry.get_sample_value(
+            "semel_messages_total", {"outcome": "conflict", "reason": ""}
+        )
+        dead = registry.get_sample_value(
+            "semel_messages_total", {"outcome": "dead_lettered", "reason": "permanent-error"}
+        )
+        await finished(consumer, broker, settings, dead_letters=1)
+        assert (conflicts, dead) == (1.0, 0.0)
+        assert len(runs(ledger, "k")) == 1
+    finally:
+        await refused.close()
