@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import structlog
 
-from consumer.backoff import Backoff
 from consumer.delivery.decide import (
     SHUTDOWN,
     Ack,
@@ -47,15 +45,14 @@ from consumer.delivery.message import Incoming, MessageRules, Parsed, best_effor
 from consumer.delivery.observe import Observer
 from consumer.delivery.pressure import Pressure
 from consumer.delivery.results import storable
+from consumer.delivery.writes import write_fenced
 from consumer.errors import BadMessage, LeaseLost
 from consumer.names import RETURNS_BEFORE_DETOUR, returns
 from stores.base import Store
-from stores.errors import StoreError, StoreMisconfigured, StoreUnavailable
+from stores.errors import StoreError, StoreMisconfigured
 
-T = TypeVar("T")
 log = structlog.get_logger("semel.pipeline")
 
-WRITE_BACKOFF = (0.05, 1.0)  # first and longest pause between store-write retries
 _RELEASE_WAIT = 5.0  # seconds a cut-short delivery waits to release its claim
 # A store answer slower than this share of the lease lets fewer deliveries at
 # the store (see consumer.delivery.pressure): half the third of the lease after
@@ -234,7 +231,7 @@ class Pipeline:
         try:
             # Retried until the store answers, even past a bug in semel: the
             # handler succeeded, and giving the key up would run it again.
-            stored = await self._write(
+            stored = await write_fenced(
                 lease,
                 lambda: self._store.complete(lease.key, lease.fence, stored_form),
                 past_lease=True,
@@ -253,12 +250,14 @@ class Pipeline:
         lease = renewal.lease
         await renewal.stop()  # a renewal landing after the release would hold the key
         try:
-            released = await self._write(lease, lambda: self._store.release(lease.key, lease.fence))
+            released = await write_fenced(
+                lease, lambda: self._store.release(lease.key, lease.fence)
+            )
             if released:
                 return decision
             # Not released: taken over meanwhile (the new owner decides), or
             # completed by this very claim (a COMMIT whose answer came too late).
-            record = await self._write(lease, lambda: self._store.get(lease.key))
+            record = await write_fenced(lease, lambda: self._store.get(lease.key))
         except StoreError as store_exc:
             return decide_store_error(store_exc)
         return decide_by_record(record, lease.fence, decision.error) or NackToConflict(
@@ -288,7 +287,7 @@ class Pipeline:
     async def _owned(self, lease: Lease, decision: DeadLetter) -> Settle | None:
         """``None`` while the claim holds; else what to do instead of the dead letter."""
         try:
-            record = await self._write(lease, lambda: self._store.get(lease.key), past_lease=True)
+            record = await write_fenced(lease, lambda: self._store.get(lease.key), past_lease=True)
         except StoreError as exc:  # the key cannot be read: the dead letter goes out
             log.warning("claim not read before its dead letter", key=lease.key, error=describe(exc))
             return None
@@ -302,7 +301,7 @@ class Pipeline:
         again for a late copy once its lease lapsed.
         """
         try:
-            marked = await self._write(
+            marked = await write_fenced(
                 lease,
                 lambda: self._store.fail(lease.key, lease.fence, decision.error),
                 past_lease=True,
@@ -318,36 +317,6 @@ class Pipeline:
             log.warning("dead letter sent, but its claim was taken over", key=lease.key)
             return replace(decision, outcome=Outcome.FENCED_OUT)
         return decision
-
-    async def _write(
-        self, lease: Lease, write: Callable[[], Awaitable[T]], *, past_lease: bool = False
-    ) -> T:
-        """A fenced store write, retried while the lease still holds.
-
-        With ``past_lease`` it is retried until the store answers, and past any
-        error that is not the store's answer (a bug in semel): a write after the
-        handler's end is fenced, so written late it either lands (nobody took
-        the key over) or is refused (somebody did). Giving up instead would
-        hand the message back, and once the lease has expired its redelivery
-        runs the handler again. The back-off is jittered, so writes that
-        failed together do not retry together.
-        """
-        backoff = None  # built on the first failure: most writes never need it
-        while True:
-            try:
-                return await write()
-            except StoreUnavailable:
-                backoff = backoff or Backoff(*WRITE_BACKOFF)
-                if not past_lease and lease.remaining() <= backoff.pause:
-                    raise
-            except StoreError:
-                raise
-            except Exception as exc:
-                if not past_lease:
-                    raise
-                backoff = backoff or Backoff(*WRITE_BACKOFF)
-                log.error("store write raised, retried", key=lease.key, error=describe(exc))
-            await backoff.wait()
 
     async def _cut_short(self, delivery: Delivery, renewal: Renewal) -> None:
         """Shutdown cut the handler short: free the key at once and hand the message back."""
