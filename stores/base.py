@@ -42,8 +42,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, TypeVar
 
-import orjson
-
+from stores.codec import dump_result
 from stores.errors import KeyRefused, ResultTooLarge
 
 T = TypeVar("T")
@@ -162,11 +161,12 @@ class Store(abc.ABC):
         self.config = config
 
     def encode_result(self, result: JSON) -> bytes:
-        """``result`` as this store writes it; raises what :meth:`complete` documents.
+        """``result`` as this store writes it (:func:`stores.codec.dump_result`: common
+        Python values in their JSON form); raises what :meth:`complete` documents.
 
         Refused whole rather than truncated when it exceeds :attr:`result_limit`.
         """
-        data = orjson.dumps(result)
+        data = dump_result(result)
         if self.result_limit is not None and len(data) > self.result_limit:
             raise ResultTooLarge(len(data), self.result_limit)
         return data
@@ -223,7 +223,7 @@ class Store(abc.ABC):
         """Mark the key completed with ``result``; ``False`` if ``fence`` lost the key.
 
         Raises :class:`stores.errors.ResultTooLarge` when the backend cannot
-        hold ``result``, and ``orjson.JSONEncodeError`` when it is not JSON
+        hold ``result``, and ``orjson.JSONEncodeError`` when it has no JSON form
         (:meth:`encode_result`); the key is then left as it was.
         """
         return await self.complete_encoded(Completion(key, fence, self.encode_result(result)))

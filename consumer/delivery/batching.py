@@ -12,22 +12,36 @@ Each key is still decided atomically by the store, on its own; a batch only
 shares the trip. Two calls for the same key never share a batch: the second
 waits for the next one, so it sees the first one's outcome exactly as it
 would have one call at a time.
+
+A batch of completions that fails while the store still answers a ping (a
+statement past a server limit, a timeout on one huge result) is split in
+halves and each half sent again, down to the one completion that fails: one
+bad key never holds the others. A claim granted to a caller that was
+cancelled meanwhile (a worker stopping) is released at once, fenced, rather
+than held for nobody until its lease runs out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
-from stores.base import JSON, Claim, ClaimRequest, Completion, DelegatingStore, Store
-from stores.errors import KeyRefused
+import structlog
+
+from consumer.delivery.decide import describe
+from stores.base import JSON, Claim, ClaimRequest, Completion, DelegatingStore, Outcome, Store
+from stores.errors import KeyRefused, StoreMisconfigured
+
+log = structlog.get_logger("semel.batching")
 
 Request = TypeVar("Request", ClaimRequest, Completion)
 Answer = TypeVar("Answer")
 
 MAX_BATCH = 256  # one prefetch window: a batch never waits for more than is in flight
 BATCHES_IN_FLIGHT = 1  # while one is out the next fills: fewer, larger trips
+_RELEASE_WAIT = 5.0  # seconds a closing store waits for the releases of orphaned claims
 
 
 class Batcher(Generic[Request, Answer]):
@@ -39,8 +53,14 @@ class Batcher(Generic[Request, Answer]):
         *,
         max_batch: int = MAX_BATCH,
         in_flight: int = BATCHES_IN_FLIGHT,
+        split: Callable[[Exception], Awaitable[bool]] | None = None,
+        orphaned: Callable[[Request, Answer], None] | None = None,
     ) -> None:
         self._send: Callable[[Sequence[Request]], Awaitable[Sequence[Answer | KeyRefused]]] = send
+        # Asked whether a failed batch of several should be sent again in halves.
+        self._split: Callable[[Exception], Awaitable[bool]] | None = split
+        # Told of an answer whose caller was gone before it came.
+        self._orphaned: Callable[[Request, Answer], None] | None = orphaned
         self._max_batch = max_batch
         self._max_in_flight = in_flight
         self._pending: list[tuple[Request, asyncio.Future[Answer]]] = []
@@ -82,33 +102,36 @@ class Batcher(Generic[Request, Answer]):
         self._schedule()
 
     async def _run(self, batch: list[tuple[Request, asyncio.Future[Answer]]]) -> None:
-        failure: BaseException | None = None
+        try:
+            await self._answer(batch)
+        finally:
+            # Whatever happened, no caller is left waiting for an answer that
+            # will never come (cancelled: the loop is closing).
+            for _, future in batch:
+                future.cancel()  # a no-op on an answered future
+
+    async def _answer(self, batch: list[tuple[Request, asyncio.Future[Answer]]]) -> None:
         try:
             answers = await self._send([request for request, _ in batch])
             if len(answers) != len(batch):  # misaligned: no answer can be trusted
                 raise RuntimeError(f"{len(answers)} answers to a batch of {len(batch)}")
-            for (_, future), answer in zip(batch, answers, strict=True):
-                if future.done():
-                    continue
-                if isinstance(answer, KeyRefused):  # that key alone; the others stand
-                    future.set_exception(answer)
-                else:
-                    future.set_result(answer)
-        except asyncio.CancelledError:
-            failure = asyncio.CancelledError()
-            raise
-        except Exception as exc:  # every caller of the batch gets the failure
-            failure = exc
-        finally:
-            # Whatever happened above, no caller is left waiting for an answer
-            # that will never come (a store answering the wrong number, say).
-            for _, future in batch:
-                if future.done():
-                    continue
-                if isinstance(failure, asyncio.CancelledError):
-                    future.cancel()
-                else:
-                    future.set_exception(failure or RuntimeError("the batch answered nothing"))
+        except Exception as exc:
+            if len(batch) > 1 and self._split is not None and await self._split(exc):
+                half = len(batch) // 2
+                await asyncio.gather(self._answer(batch[:half]), self._answer(batch[half:]))
+                return
+            for _, future in batch:  # every caller of the batch gets the failure
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (request, future), answer in zip(batch, answers, strict=True):
+            if future.done():  # its caller was cancelled while the batch was out
+                if self._orphaned is not None and not isinstance(answer, KeyRefused):
+                    self._orphaned(request, answer)
+            elif isinstance(answer, KeyRefused):  # that key alone; the others stand
+                future.set_exception(answer)
+            else:
+                future.set_result(answer)
 
     def _sent(self, task: asyncio.Task[None]) -> None:
         self._in_flight.discard(task)
@@ -145,11 +168,48 @@ class BatchingStore(DelegatingStore):
         super().__init__(inner)
         # A store that batches only one of the two keeps single calls for the other.
         self._claims: Batcher[ClaimRequest, Claim] | None = (
-            Batcher(inner.claim_many) if _claims_in_batches(inner) else None
+            Batcher(inner.claim_many, orphaned=self._release_orphan)
+            if _claims_in_batches(inner)
+            else None
         )
         self._completions: Batcher[Completion, bool] | None = (
-            Batcher(inner.complete_many) if _completes_in_batches(inner) else None
+            Batcher(inner.complete_many, split=self._answers_alone)
+            if _completes_in_batches(inner)
+            else None
         )
+        self._releases: set[asyncio.Task[None]] = set()
+
+    async def _answers_alone(self, failure: Exception) -> bool:
+        """Whether the store answers while a batch fails: then the batch is the trouble."""
+        if isinstance(failure, StoreMisconfigured):
+            return False  # every part would fail the same way
+        try:
+            await self.inner.ping()
+        except Exception:
+            return False  # away: the callers wait for it, the batch is not to blame
+        return True
+
+    def _release_orphan(self, request: ClaimRequest, claim: Claim) -> None:
+        if claim.outcome is not Outcome.CLAIMED:
+            return
+        task = asyncio.get_running_loop().create_task(self._release(request.key, claim.fence))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _release(self, key: str, fence: int) -> None:
+        try:
+            await self.inner.release(key, fence)
+        except Exception as exc:  # whatever it is, the lease still frees the key
+            log.warning("orphaned claim not released", key=key, error=describe(exc))
+
+    async def close(self) -> None:
+        if self._releases:
+            await asyncio.wait(set(self._releases), timeout=_RELEASE_WAIT)
+        for task in list(self._releases):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await super().close()
 
     async def claim(self, key: str, fingerprint: str) -> Claim:
         if self._claims is None:

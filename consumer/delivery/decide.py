@@ -19,7 +19,7 @@ from enum import StrEnum
 
 from consumer.errors import PermanentError
 from consumer.names import ERROR_HEADER_LIMIT, Reason
-from stores.base import POISON_ERROR, Claim
+from stores.base import POISON_ERROR, Claim, Record, Status
 from stores.base import Outcome as ClaimOutcome
 from stores.errors import KeyRefused, StoreError, StoreMisconfigured
 
@@ -263,3 +263,21 @@ def decide_after_success(stored: bool) -> Ack | NackToConflict:
     # Not stored means the claim was taken over while the handler ran: the new
     # owner decides, and this copy comes back later as a duplicate.
     return Ack(Outcome.COMPLETED) if stored else NackToConflict(Outcome.FENCED_OUT)
+
+
+def decide_by_record(record: Record | None, fence: int, error: str | None) -> Settle | None:
+    """Whether the claim of ``fence`` still holds, from its key's record read back
+    after an outcome came into doubt (a write refused, a COMMIT cut short):
+    ``None`` while it does (in progress under ``fence``), else what became of it.
+
+    Completed under ``fence`` means the work committed, whatever error was seen
+    on the way: the delivery is done, never retried or dead-lettered. Anything
+    else means the claim was taken over (or the record forgotten): the owner
+    decides, and this copy waits in the conflict queue.
+    """
+    if record is not None and record.fence == fence:
+        if record.status is Status.COMPLETED:
+            return Ack(Outcome.COMPLETED)
+        if record.status is Status.IN_PROGRESS:
+            return None
+    return NackToConflict(Outcome.FENCED_OUT, error=error)

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
-import orjson
 import structlog
 
-from consumer.backoff import Backoff
 from consumer.delivery.decide import (
     SHUTDOWN,
     Ack,
@@ -37,6 +34,7 @@ from consumer.delivery.decide import (
     decide_after_claim,
     decide_after_failure,
     decide_after_success,
+    decide_by_record,
     decide_store_error,
     describe,
 )
@@ -46,15 +44,15 @@ from consumer.delivery.lease import HEARTBEATS_PER_LEASE, Lease, Renewal, run_le
 from consumer.delivery.message import Incoming, MessageRules, Parsed, best_effort_key, parse
 from consumer.delivery.observe import Observer
 from consumer.delivery.pressure import Pressure
+from consumer.delivery.results import storable
+from consumer.delivery.writes import write_fenced
 from consumer.errors import BadMessage, LeaseLost
-from consumer.names import RETURNS_BEFORE_DETOUR, Reason, returns
+from consumer.names import RETURNS_BEFORE_DETOUR, returns
 from stores.base import Store
-from stores.errors import ResultTooLarge, StoreError, StoreUnavailable
+from stores.errors import StoreError, StoreMisconfigured
 
-T = TypeVar("T")
 log = structlog.get_logger("semel.pipeline")
 
-WRITE_BACKOFF = (0.05, 1.0)  # first and longest pause between store-write retries
 _RELEASE_WAIT = 5.0  # seconds a cut-short delivery waits to release its claim
 # A store answer slower than this share of the lease lets fewer deliveries at
 # the store (see consumer.delivery.pressure): half the third of the lease after
@@ -228,19 +226,16 @@ class Pipeline:
         return await self._record_success(lease, result)
 
     async def _record_success(self, lease: Lease, result: Any) -> Settle:
+        stored_form = storable(self._store, lease.key, result)
         sent_at = time.monotonic()
         try:
-            stored = await self._write(
+            # Retried until the store answers, even past a bug in semel: the
+            # handler succeeded, and giving the key up would run it again.
+            stored = await write_fenced(
                 lease,
-                lambda: self._store.complete(lease.key, lease.fence, result),
+                lambda: self._store.complete(lease.key, lease.fence, stored_form),
                 past_lease=True,
             )
-        except orjson.JSONEncodeError as exc:
-            # Every store encodes the result before writing anything. Running
-            # the handler again would return the same thing.
-            return DeadLetter(Reason.PERMANENT_ERROR, f"result is not JSON: {exc}")
-        except ResultTooLarge as exc:
-            return DeadLetter(Reason.PERMANENT_ERROR, describe(exc))
         except StoreError as exc:  # refused for good, or a store not set up for semel
             return decide_store_error(exc)
         self._pressure.answered(time.monotonic() - sent_at)
@@ -249,66 +244,79 @@ class Pipeline:
     async def _record_failure(self, delivery: Delivery, renewal: Renewal, exc: Exception) -> Settle:
         decision = decide_after_failure(exc, delivery.facts.attempt, self._config.retry)
         if isinstance(decision, DeadLetter):
-            # The key is marked failed once its dead letter is confirmed; still
-            # renewed until then.
+            # Ownership is checked before the dead letter, and the key marked
+            # failed once it is confirmed; renewed until then.
             return decision
         lease = renewal.lease
         await renewal.stop()  # a renewal landing after the release would hold the key
         try:
-            released = await self._write(lease, lambda: self._store.release(lease.key, lease.fence))
+            released = await write_fenced(
+                lease, lambda: self._store.release(lease.key, lease.fence)
+            )
+            if released:
+                return decision
+            # Not released: taken over meanwhile (the new owner decides), or
+            # completed by this very claim (a COMMIT whose answer came too late).
+            record = await write_fenced(lease, lambda: self._store.get(lease.key))
         except StoreError as store_exc:
             return decide_store_error(store_exc)
-        # Not released: the claim was taken over meanwhile and the new owner decides.
-        return decision if released else NackToConflict(Outcome.FENCED_OUT, error=decision.error)
+        return decide_by_record(record, lease.fence, decision.error) or NackToConflict(
+            Outcome.FENCED_OUT, error=decision.error
+        )
 
     async def _settle(
         self, delivery: Delivery, decision: Settle, *, lease: Lease | None = None
     ) -> Settle:
         """Apply ``decision``: the copy first, if any, then the ack or nack.
 
-        A dead letter of a key this worker claimed marks the key failed between
-        the broker's confirm and the ACK, so a key is never failed without its
-        dead letter.
+        A dead letter of a key this worker claimed goes out only if the claim
+        still holds (read back: work that committed is never dead-lettered),
+        and the key is marked failed between the broker's confirm and the ACK,
+        so a key is never failed without its dead letter nor ACKed in progress.
         """
         message = delivery.message
+        if lease is not None and isinstance(decision, DeadLetter):
+            decision = await self._owned(lease, decision) or decision
         if isinstance(decision, Retry | DeadLetter | Detour):
             if not await self._settler.copy(message, decision, delivery.facts):
                 return self._report(delivery, decision, await self._settler.give_back(message))
             if lease is not None and isinstance(decision, DeadLetter):
-                await self._mark_failed(lease, decision)
+                decision = await self._mark_failed(lease, decision)
         return self._report(delivery, decision, await self._settler.finish(message, decision))
 
-    async def _mark_failed(self, lease: Lease, decision: DeadLetter) -> None:
+    async def _owned(self, lease: Lease, decision: DeadLetter) -> Settle | None:
+        """``None`` while the claim holds; else what to do instead of the dead letter."""
         try:
-            await self._write(
-                lease, lambda: self._store.fail(lease.key, lease.fence, decision.error)
-            )
-        except Exception as exc:
-            # Whatever it is, it must not come between the confirmed dead letter
-            # and the ACK: the message would come back and run again. The dead
-            # letter is safe in the DLQ; the key stays claimed until its lease
-            # runs out.
-            log.warning("key not marked failed", key=lease.key, error=describe(exc))
+            record = await write_fenced(lease, lambda: self._store.get(lease.key), past_lease=True)
+        except StoreError as exc:  # the key cannot be read: the dead letter goes out
+            log.warning("claim not read before its dead letter", key=lease.key, error=describe(exc))
+            return None
+        return decide_by_record(record, lease.fence, decision.error)
 
-    async def _write(
-        self, lease: Lease, write: Callable[[], Awaitable[T]], *, past_lease: bool = False
-    ) -> T:
-        """A fenced store write, retried while the lease still holds.
+    async def _mark_failed(self, lease: Lease, decision: DeadLetter) -> Settle:
+        """Mark the key failed after its dead letter was confirmed; what to settle with.
 
-        With ``past_lease`` it is retried until the store answers: a completion
-        is fenced, so written late it either lands (nobody took the key over)
-        or is refused (somebody did). Giving up instead would hand the message
-        back, and once the lease has expired its redelivery runs the handler again.
+        Retried until the store answers, with the key held meanwhile: ACKed
+        while still in progress, the key would run the dead-lettered handler
+        again for a late copy once its lease lapsed.
         """
-        backoff = None  # built on the first failure: most writes never need it
-        while True:
-            try:
-                return await write()
-            except StoreUnavailable:
-                backoff = backoff or Backoff(*WRITE_BACKOFF)
-                if not past_lease and lease.remaining() <= backoff.pause:
-                    raise
-            await backoff.wait()
+        try:
+            marked = await write_fenced(
+                lease,
+                lambda: self._store.fail(lease.key, lease.fence, decision.error),
+                past_lease=True,
+            )
+        except StoreMisconfigured as exc:
+            # Handed back and consumption stops: never ACKed with the key in progress.
+            return decide_store_error(exc)
+        except StoreError as exc:  # this key cannot be held: no copy of it can run either
+            log.warning("key not marked failed", key=lease.key, error=describe(exc))
+            return decision
+        if not marked:
+            # Taken over while the store was away: the new owner runs it.
+            log.warning("dead letter sent, but its claim was taken over", key=lease.key)
+            return replace(decision, outcome=Outcome.FENCED_OUT)
+        return decision
 
     async def _cut_short(self, delivery: Delivery, renewal: Renewal) -> None:
         """Shutdown cut the handler short: free the key at once and hand the message back."""

@@ -21,13 +21,13 @@ import contextlib
 from dataclasses import dataclass, fields
 from typing import Any
 
-import orjson
 import structlog
 from aio_pika.abc import AbstractRobustConnection
 from psycopg import AsyncConnection
 
 from consumer.delivery.handler import Context, Handler, is_async
-from consumer.errors import HandlerLoadError, LeaseLost, PermanentError
+from consumer.delivery.results import storable
+from consumer.errors import HandlerLoadError, LeaseLost
 from consumer.names import BROKER_CALL_TIMEOUT
 from consumer.runtime.purge import purge_periodically
 from consumer.runtime.worker import Worker
@@ -85,13 +85,9 @@ class TransactionalHandler:
         async def work(conn: AsyncConnection[Any], outbox: Outbox) -> JSON:
             values = {field.name: getattr(context, field.name) for field in fields(context)}
             result = await self._handler(TransactionalContext(**values, db=conn, outbox=outbox))
-            try:
-                orjson.dumps(result)
-            except orjson.JSONEncodeError as exc:
-                # Checked before the commit: running the handler again would
-                # return the same thing, so the key must not be completed.
-                raise PermanentError(f"result is not JSON: {exc}") from None
-            return result
+            # Encoded before the commit, once: what cannot be kept is stored as
+            # null, never a reason to roll back work that succeeded.
+            return storable(self._store, context.key, result)
 
         try:
             return await self._store.run_unit(context.key, context.fence, work)

@@ -1,4 +1,6 @@
-"""The batcher's own logic, with a recording fake in place of a store (no server)."""
+"""The batcher's own logic, with a recording fake in place of a store (no server),
+and what the batching store does with answers nobody waits for and batches
+that fail, on real servers."""
 
 from __future__ import annotations
 
@@ -7,8 +9,19 @@ from collections.abc import Sequence
 
 import pytest
 
-from consumer.delivery.batching import Batcher
-from stores.base import ClaimRequest
+from consumer.delivery.batching import Batcher, BatchingStore
+from stores.base import (
+    Claim,
+    ClaimRequest,
+    Completion,
+    DelegatingStore,
+    Outcome,
+    Status,
+    Store,
+)
+from stores.errors import KeyRefused, StoreUnavailable
+from tests.conftest import StoreFactory
+from tests.consumer.harness import eventually
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -107,3 +120,75 @@ async def test_a_store_answering_the_wrong_number_fails_every_caller_never_hangs
         5,
     )
     assert all(isinstance(result, Exception) for result in results)
+
+
+class HeldClaims(DelegatingStore):
+    """Holds every batch of claims until :attr:`gate` opens: a slow store."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.gate = asyncio.Event()
+        self.sent = asyncio.Event()
+
+    async def claim_many(self, requests: Sequence[ClaimRequest]) -> Sequence[Claim | KeyRefused]:
+        self.sent.set()
+        await self.gate.wait()
+        return await self.inner.claim_many(requests)
+
+
+@pytest.mark.parametrize("backend", ["postgres", "redis"])
+async def test_a_claim_granted_to_a_caller_cancelled_meanwhile_is_released(
+    make_store: StoreFactory,
+) -> None:
+    # A long lease: a claim left to it would hold the key for a minute.
+    inner = await make_store(lock_ttl=60)
+    held = HeldClaims(inner)
+    batching = BatchingStore(held)
+    caller = asyncio.ensure_future(batching.claim("k", "f"))
+    await asyncio.wait_for(held.sent.wait(), 5)
+    caller.cancel()  # a worker stopping while the claim is out
+    held.gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+
+    async def claimable() -> bool:
+        return (await inner.claim("k", "f")).outcome is Outcome.CLAIMED
+
+    await eventually(claimable, 5, "the orphaned claim released")
+
+
+class PoisonedCompletion(DelegatingStore):
+    """Fails every batch of completions that holds ``poisoned``, the way a statement
+    past a server limit fails (classed as the store being away); records the batches."""
+
+    def __init__(self, inner: Store, poisoned: str) -> None:
+        super().__init__(inner)
+        self.poisoned = poisoned
+        self.batches: list[list[str]] = []
+
+    async def complete_many(self, completions: Sequence[Completion]) -> Sequence[bool | KeyRefused]:
+        self.batches.append([c.key for c in completions])
+        if any(c.key == self.poisoned for c in completions):
+            raise StoreUnavailable(self.backend, "program_limit_exceeded: a poisoned completion")
+        return await self.inner.complete_many(completions)
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+async def test_one_completion_that_cannot_land_does_not_hold_the_rest_of_its_batch(
+    make_store: StoreFactory,
+) -> None:
+    inner = await make_store()
+    poisoned = PoisonedCompletion(inner, "k3")
+    batching = BatchingStore(poisoned)
+    fences = [(await inner.claim(f"k{i}", "f")).fence for i in range(8)]
+    answers = await asyncio.gather(
+        *(batching.complete(f"k{i}", fence, {"i": i}) for i, fence in enumerate(fences)),
+        return_exceptions=True,
+    )
+    assert poisoned.batches[0] == [f"k{i}" for i in range(8)]  # sent as one batch
+    assert isinstance(answers[3], StoreUnavailable)
+    assert [a for i, a in enumerate(answers) if i != 3] == [True] * 7
+    for i in range(8):
+        record = await inner.get(f"k{i}")
+        assert record is not None
+        assert record.status is (Status.IN_PROGRESS if i == 3 else Status.COMPLETED)

@@ -20,6 +20,7 @@ from consumer.delivery.decide import (
     decide_after_claim,
     decide_after_failure,
     decide_after_success,
+    decide_by_record,
     describe,
 )
 from consumer.delivery.decide import Outcome as Settled
@@ -157,3 +158,25 @@ def test_a_detour_is_a_copied_requeue() -> None:
     assert Detour().outcome is Settled.DETOUR
     assert Settled.DETOUR.result.value == "requeued"
     assert RETURNS_BEFORE_DETOUR * 2 <= 20 < DELIVERY_LIMIT  # clear of 4.x's default, too
+
+
+def record_of(status: Status, fence: int) -> Record:
+    return Record("k", "fp", status, fence, 1, None)
+
+
+@pytest.mark.parametrize(
+    ("record", "decision"),
+    [
+        # Committed under this claim, whatever error was seen: done, never retried.
+        (record_of(Status.COMPLETED, 3), Ack(Settled.COMPLETED)),
+        (record_of(Status.IN_PROGRESS, 3), None),  # still this claim's: go on
+        (record_of(Status.IN_PROGRESS, 4), NackToConflict(Settled.FENCED_OUT, error="E")),
+        (record_of(Status.COMPLETED, 4), NackToConflict(Settled.FENCED_OUT, error="E")),
+        (record_of(Status.FAILED, 4), NackToConflict(Settled.FENCED_OUT, error="E")),
+        (None, NackToConflict(Settled.FENCED_OUT, error="E")),  # forgotten meanwhile
+    ],
+)
+def test_a_claim_in_doubt_is_decided_by_its_record(
+    record: Record | None, decision: NackToConflict | Ack | None
+) -> None:
+    assert decide_by_record(record, 3, "E") == decision

@@ -23,33 +23,6 @@ from tests.consumer.test_faults import all_completed
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.mark.parametrize(
-    ("backend", "handler", "error"),
-    [
-        # Only DynamoDB refuses a large result; the others keep it whole.
-        ("dynamodb-moto", "oversized", "ResultTooLarge: result of"),
-        ("sqlite", "unserialisable", "result is not JSON"),
-    ],
-)
-async def test_a_result_that_cannot_be_kept_fails_the_key_once(
-    consumer_settings: ConsumerSettings,
-    broker: Broker,
-    store: Store,
-    start_consumer: StartConsumer,
-    handler: str,
-    error: str,
-) -> None:
-    settings = consumer_settings(handler=f"tests.consumer.handlers:{handler}")
-    consumer = await start_consumer(settings)
-    await broker.publish(settings, {"n": 1}, key="big")
-    await settle_all(broker, settings, dead_letters=1)
-    await eventually(lambda: status_is(store, "big", Status.FAILED), what="key failed")
-    await finished(consumer, broker, settings, dead_letters=1)
-    (letter,) = await broker.dead_letters(settings)
-    assert letter.reason == "permanent-error"
-    assert letter.headers[H_ERROR].startswith(error)
-
-
 async def test_a_handler_past_its_timeout_is_a_failed_attempt(
     consumer_settings: ConsumerSettings,
     broker: Broker,

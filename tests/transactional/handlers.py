@@ -26,6 +26,8 @@ import os
 import signal
 from collections import Counter
 from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any, ParamSpec, TypeVar
 
 import psycopg
@@ -115,6 +117,13 @@ async def record_order(context: TransactionalContext) -> JSON:
 def plain(context: TransactionalContext) -> JSON:
     """A plain function: transactional mode refuses it at start-up."""
     return None
+
+
+async def record_order_priced(context: TransactionalContext) -> Any:
+    """:func:`record_order`, returning a ``Decimal`` and a ``datetime``: not JSON as they are."""
+    await record_order(context)
+    at = datetime(2026, 1, 2, tzinfo=UTC)
+    return {"recorded": context.key, "total": Decimal("9.99"), "at": at}
 
 
 async def record_order_outside(context: TransactionalContext) -> JSON:
