@@ -7,7 +7,8 @@ seconds, then cuts the rest short: their claims are released and their
 messages handed back, so another worker picks them up at once. A plain
 handler's thread cannot be cut short: it gets a few seconds more to end, and
 the key of one still running stays held until the process exits (see
-:mod:`consumer.delivery.thread_watch`).
+:mod:`consumer.delivery.thread_watch`). A stop because a store ping found the
+store not set up for semel goes the same way, then raises.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from consumer.delivery.thread_watch import THREAD_LEASES
 from consumer.names import BROKER_CALL_TIMEOUT, Topology
 from consumer.runtime.supervise import StoreGate, broker_gone_for
 from stores.base import Store
-from stores.errors import EXIT_FAILURE, StoreUnavailable
+from stores.errors import EXIT_FAILURE, StoreMisconfigured, StoreUnavailable
 
 EXIT_OK = 0
 # Seconds cut-short tasks get to release their claims; a plain handler's
@@ -76,7 +77,11 @@ class Worker:
         self._gate: StoreGate | None = None
 
     async def run(self, stop: asyncio.Event) -> int:
-        """Consume until ``stop`` is set (exit 0) or the broker stays away (exit 1)."""
+        """Consume until ``stop`` is set (exit 0) or the broker stays away (exit 1).
+
+        Raises :class:`StoreMisconfigured` when a store ping found the store not
+        set up for semel, once the handlers in flight were drained.
+        """
         config = self._config
         names = Topology(config.queue)
         consuming = await self._connection.channel(publisher_confirms=False)
@@ -101,7 +106,11 @@ class Worker:
             gate.report_down()
         log.info("consuming", queue=config.queue, prefetch=config.prefetch)
 
-        broker_gone = await self._until_stopped(stop, gate)
+        misconfigured: StoreMisconfigured | None = None
+        try:
+            broker_gone = await self._until_stopped(stop, gate)
+        except StoreMisconfigured as exc:  # found by a ping: stopping like any stop first
+            broker_gone, misconfigured = False, exc
         self._accepting = False
         try:
             await intake.pause()
@@ -113,6 +122,8 @@ class Worker:
             for channel in (publishing, consuming):
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(channel.close(), BROKER_CALL_TIMEOUT)
+            if misconfigured is not None:
+                raise misconfigured
             return EXIT_OK
         finally:
             self._let_go_of_threads()
