@@ -119,7 +119,7 @@ class ThreadLeases:
                     if left <= 0:
                         self._end(
                             lease.key,
-                            f"not renewed in time: {max(lease.remaining(), 0):.2f}s "
+                            f"renewals unanswered: {max(lease.remaining(), 0):.2f}s "
                             f"of its {lease.ttl:g}s lease left",
                         )
                     wait = left if wait is None else min(wait, left)

@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from stores.base import Status, Store
 from stores.errors import EXIT_LEASE_LOST
@@ -110,3 +112,42 @@ async def test_a_thread_whose_store_goes_silent_dies_with_its_process_before_its
     assert "lease" in line, line
     assert max(e["fence"] for e in b_runs) > a_runs[0]["fence"]
     assert await status_is(store, HELD, Status.COMPLETED)
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+async def test_a_thread_whose_key_was_taken_over_dies_with_its_process_at_the_next_renewal(
+    consumer_settings: ConsumerSettings, broker: Broker, store: Store, ledger: Path, tmp_path: Path
+) -> None:
+    settings = consumer_settings(
+        handler="tests.consumer.handlers:blocking", lock_ttl=3.0, handler_timeout=60.0
+    )
+    await broker.declare(settings)
+    await broker.publish(settings, {"sleep": 20}, key=HELD)
+    with processes() as started:
+        a = ConsumerProcess(settings, tmp_path / "a.log", **{LEDGER_ENV: str(ledger)})
+        a.start()
+        started.append(a)
+
+        async def a_running() -> bool:
+            return bool(read_ledger(ledger))
+
+        await eventually(a_running, 20, "A running 'held'")
+        # What another worker's takeover leaves in the row: a higher fence, a fresh lease.
+        async with await psycopg.AsyncConnection.connect(
+            settings.postgres_dsn, autocommit=True
+        ) as conn:
+            await conn.execute(
+                sql.SQL(
+                    "UPDATE {} SET fence = fence + 1, lock_expires_at = now() + interval '60 s' "
+                    "WHERE key = %s"
+                ).format(sql.Identifier(settings.postgres_table)),
+                (store.config.namespaced(HELD),),
+            )
+        taken_at = time.time()
+        # The next renewal (a third of the lease later at most) hears of it.
+        assert await a.wait(3.0) == EXIT_LEASE_LOST, a.output()
+        assert time.time() - taken_at <= 3.0 / 3 + 0.5
+    assert [e["event"] for e in read_ledger(ledger)] == ["start"]  # never ran on
+    (line,) = [ln for ln in a.output().splitlines() if "error" in ln]
+    assert HELD in line, line
+    assert "taken over" in line, line
