@@ -53,11 +53,17 @@ def end_process(key: str, why: str) -> NoReturn:
             why=why,
             exit_code=EXIT_LEASE_LOST,
         )
-        for stream in (sys.stderr, sys.stdout):
-            stream.flush()
-        os._exit(EXIT_LEASE_LOST)
+        exit_now(EXIT_LEASE_LOST)
     while True:  # another thread is ending the process this instant
         time.sleep(1)
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the process with ``code`` at once, output flushed: a running handler
+    thread ends with it, not after the interpreter's clean-up."""
+    for stream in (sys.stderr, sys.stdout):
+        stream.flush()
+    os._exit(code)
 
 
 class ThreadLeases:
@@ -89,6 +95,11 @@ class ThreadLeases:
                 self._held.pop(token, None)
 
         return ended
+
+    def any_running(self) -> bool:
+        """Whether a handler thread still runs under a lease of this process."""
+        with self._changed:
+            return bool(self._held)
 
     def running(self, lease: HeldLease) -> bool:
         """Whether a thread still runs under ``lease``."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -14,16 +15,16 @@ from typing import Any
 
 import pytest
 
+from consumer import Context
 from consumer.broker.topology import queue_specs
 from consumer.container import topology_of
 from consumer.delivery.message import fingerprint
-from consumer.delivery.pipeline import THREAD_STOP_WAIT
 from consumer.names import Topology
 from settings import LogFormat, LogLevel, Settings
 from stores.base import Outcome, Status, Store
 from tests.conftest import settings_env
 from tests.consumer.conftest import CONSUMER_BACKENDS, KEPT_LEASE, ConsumerSettings
-from tests.consumer.handlers import ALLOW_DIE_ENV, LEDGER_ENV, read_ledger
+from tests.consumer.handlers import ALLOW_DIE_ENV, LEDGER_ENV, read_ledger, record
 from tests.consumer.harness import Broker, ConsumerProcess, eventually, processes
 from tests.consumer.test_delivery import only_dead_letters, runs, settle_all, status_is
 from tests.consumer.test_faults import all_completed
@@ -166,6 +167,21 @@ async def test_sigterm_lets_short_work_finish_and_holds_the_keys_of_threads_stil
     assert "x-death" not in message.headers
 
 
+RELEASE_ENV = "SEMEL_TEST_RELEASE"  # a file: once it exists, `held_until_released` returns
+
+
+def held_until_released(context: Context) -> Any:
+    """A plain handler whose thread blocks until the test creates the file named by
+    ``SEMEL_TEST_RELEASE`` (a minute at most): it outlives any grace on demand."""
+    record(context, "start")
+    release = Path(os.environ[RELEASE_ENV])
+    end = time.monotonic() + 60
+    while not release.exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    record(context, "end")
+    return {"released": release.exists()}
+
+
 @pytest.mark.parametrize("backend", ["postgres", "redis"])
 async def test_a_rolling_restart_never_runs_a_thread_handler_beside_itself(
     consumer_settings: ConsumerSettings, broker: Broker, store: Store, ledger: Path
@@ -174,16 +190,16 @@ async def test_a_rolling_restart_never_runs_a_thread_handler_beside_itself(
     on the same queue gets the message back at once, but runs the key only after
     A's thread has ended or A's process (and the thread with it) has gone."""
     settings = consumer_settings(
-        handler="tests.consumer.handlers:blocking",
+        handler="tests.consumer.test_process:held_until_released",
         shutdown_grace=1.0,
         lock_ttl=KEPT_LEASE,
-        handler_timeout=30.0,
+        handler_timeout=70.0,
     )
+    release = ledger.with_suffix(".release")
     await broker.declare(settings)
-    # Past the grace and the wait a stop gives threads: A leaves with it running.
-    await broker.publish(settings, {"sleep": THREAD_STOP_WAIT + 7}, key="long")
+    await broker.publish(settings, {}, key="long")
     with processes() as started:
-        first = consumer_process(settings, ledger).start()
+        first = consumer_process(settings, ledger, **{RELEASE_ENV: str(release)}).start()
         started.append(first)
 
         def runs_by(pid: int) -> list[dict[str, Any]]:
@@ -193,13 +209,15 @@ async def test_a_rolling_restart_never_runs_a_thread_handler_beside_itself(
             return bool(runs_by(first.pid))
 
         await eventually(first_running, 20, "A running 'long'")
-        second = consumer_process(settings, ledger).start()
+        second = consumer_process(settings, ledger, **{RELEASE_ENV: str(release)}).start()
         started.append(second)
         await eventually(lambda: _consumers(broker, settings.queue, 2), 20, "B attached")
+        # A's thread blocks past the grace and the wait a stop gives threads.
         first.signal(signal.SIGTERM)
         # Polled: the exit seen here is no earlier than the real one.
         assert await first.wait(30) == 0, first.output()
         first_gone = time.time()
+        release.touch()  # from now on, a run of 'long' ends at once
 
         async def second_ran() -> bool:
             return any(e["event"] == "end" for e in runs_by(second.pid))
