@@ -18,6 +18,9 @@ from typing import ClassVar
 
 EXIT_FAILURE = 1  # anything worth a restart by the supervisor
 EXIT_USAGE = 2  # bad usage or configuration: the operator's to fix
+# A plain handler's thread could have outlived its lease: the process ends so the
+# thread ends with it, before another worker may take the key over.
+EXIT_LEASE_LOST = 3
 
 
 class SemelError(Exception):

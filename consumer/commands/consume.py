@@ -25,6 +25,7 @@ from aiormq.exceptions import AMQPError
 from consumer.broker.topology import declare
 from consumer.commands.common import fail
 from consumer.container import Container, shutdown
+from consumer.delivery.thread_watch import THREAD_LEASES, exit_now
 from consumer.errors import BrokerUnavailable, SemelError
 from consumer.ops.health import Health
 from consumer.ops.logs import configure
@@ -106,11 +107,19 @@ def stop_on_signals() -> asyncio.Event:
 def consume_command() -> None:
     """Run the consumer until SIGTERM / SIGINT (the Procfile's worker)."""
     try:
-        with asyncio.Runner(loop_factory=LOOP_FACTORY) as runner:
-            code = runner.run(run_consumer())
-    except SemelError as exc:
-        fail(str(exc) or type(exc).__name__, exc.exit_code)
-    raise typer.Exit(code)
+        try:
+            with asyncio.Runner(loop_factory=LOOP_FACTORY) as runner:
+                code = runner.run(run_consumer())
+        except SemelError as exc:
+            fail(str(exc) or type(exc).__name__, exc.exit_code)
+        raise typer.Exit(code)
+    except typer.Exit as leaving:
+        if THREAD_LEASES.any_running():
+            # Everything is closed; a handler thread still runs under a lease no
+            # longer renewed. It ends with the process now, not after the
+            # interpreter's clean-up, which could outlast the lease.
+            exit_now(leaving.exit_code)
+        raise
 
 
 def register(app: typer.Typer) -> None:

@@ -62,13 +62,17 @@ def is_async(handler: Handler) -> bool:
     return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
 
 
-def start_in_thread(handler: Handler, context: Context) -> asyncio.Future[Any]:
+def start_in_thread(
+    handler: Handler, context: Context, ended: Callable[[], None]
+) -> asyncio.Future[Any]:
     """Run a plain handler on a daemon thread of its own; the future its outcome lands in.
 
     Not asyncio.to_thread: its executor threads are joined at interpreter
     exit, so one stuck handler would keep a stopping worker alive forever. A
-    daemon thread is abandoned at exit instead. The thread cannot be cancelled:
-    :func:`consumer.delivery.lease.run_leased` keeps the key owned until it ends.
+    daemon thread is abandoned at exit instead, and dies with the process. The
+    thread cannot be cancelled: :func:`consumer.delivery.lease.run_leased` keeps
+    the key owned until it ends. ``ended`` is called on the thread the moment
+    the handler has returned or raised, before the event loop hears of it.
     """
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
@@ -85,6 +89,8 @@ def start_in_thread(handler: Handler, context: Context) -> asyncio.Future[Any]:
             outcome: tuple[Callable[[Any], None], Any] = (future.set_exception, exc)
         else:
             outcome = (future.set_result, result)
+        finally:
+            ended()
         # RuntimeError: the loop closed while the handler ran; nobody is waiting.
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(deliver, *outcome)

@@ -8,6 +8,12 @@ the store answers that the claim was taken over while the handler runs, the
 handler is cancelled at once and nothing more is written for it (the new
 owner owns the key). If the store cannot be reached, the heartbeat keeps
 trying until the lease would have run out, then gives up.
+
+A plain handler's thread cannot be cancelled. Its key stays this worker's,
+renewed, for as long as the thread runs: past its time limit, and at a stop
+(never released under it). Should its lease be lost or about to lapse
+unrenewed, the process ends and the thread with it
+(:mod:`consumer.delivery.thread_watch`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from consumer.delivery.handler import Context, Handler, is_async, result_of, start_in_thread
+from consumer.delivery.thread_watch import THREAD_LEASES, ThreadLeases
 from consumer.errors import HandlerTimeout, LeaseLost
 from stores.base import Store
 from stores.errors import KeyRefused, StoreError, StoreUnavailable
@@ -39,8 +46,8 @@ class Lease:
     fence: int
     ttl: float
     renewed_at: float
-    # A thread of this worker still runs the handler past its time limit: the
-    # key must not be released, or another worker could run it at the same time.
+    # A thread of this worker still runs the handler: the key must not be
+    # released, or another worker could run it at the same time.
     busy: bool = False
 
     @property
@@ -63,13 +70,20 @@ class Renewal:
     cancellation past its time limit does not keep the key from everyone
     else; its writes are fenced. Once the handler has ended, a lost lease
     only stops the renewals: the outcome's own write is fenced and tells.
+    While a plain handler's thread runs, renewal never gives up and a lost
+    lease ends the process (``threads``).
     """
 
     def __init__(
-        self, store: Store, lease: Lease, answered: Callable[[float], None] | None = None
+        self,
+        store: Store,
+        lease: Lease,
+        answered: Callable[[float], None] | None = None,
+        threads: ThreadLeases = THREAD_LEASES,
     ) -> None:
         self._store = store
         self.lease = lease
+        self.threads = threads
         self._answered = answered  # told how long each renewal took (backpressure)
         self._loop = asyncio.get_running_loop()
         self._interval = lease.ttl / HEARTBEATS_PER_LEASE
@@ -78,6 +92,7 @@ class Renewal:
         self._stopped = False
         self._beat: asyncio.Task[None] | None = None
         self._timer = self._loop.call_later(self._interval, self._due)
+        self._stop_when_thread_ends = False
         self.lost: BaseException | None = None
 
     def guard(self, owner: asyncio.Task[Any], give_up: float) -> None:
@@ -142,17 +157,36 @@ class Renewal:
     def _lose(self, why: BaseException) -> None:
         if self._stopped:
             return
+        if self.lease.busy:  # a thread cannot be cancelled: the process ends instead
+            self.threads.lost(self.lease, f"{type(why).__name__}: {why}")
         self._stopped = True  # nothing left to renew
         self.lost = why
         if self._owner is not None:
             self._owner.cancel()
 
-    async def stop(self) -> None:
-        """Stop renewing; a renewal already sent lands before the outcome is written,
-        so no late renewal can hold a key this worker released. Idempotent."""
+    def thread_ended(self, _: object = None) -> None:
+        """The handler's thread has ended: a stop asked for meanwhile happens now."""
+        if self._stop_when_thread_ends:
+            self.let_go()
+
+    def let_go(self) -> None:
+        """Stop renewing now, a renewal in flight left to land (see :meth:`stop`)."""
         self._stopped = True
         self._owner = None
         self._timer.cancel()
+
+    async def stop(self) -> None:
+        """Stop renewing; a renewal already sent lands before the outcome is written,
+        so no late renewal can hold a key this worker released. Idempotent.
+
+        While the handler's thread still runs, renewal goes on until it ends:
+        the key is held, never released under it.
+        """
+        self._owner = None
+        if self.lease.busy:
+            self._stop_when_thread_ends = True
+            return
+        self.let_go()
         beat, self._beat = self._beat, None
         if beat is not None and not beat.done():
             await asyncio.wait({beat}, timeout=_CANCEL_WAIT)
@@ -166,6 +200,8 @@ async def run_leased(
     renewal: Renewal,
     time_limit: float,
     overrun: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+    *,
+    stop_wait: float = 0.0,
 ) -> Any:
     """The handler's result, or its exception, :class:`HandlerTimeout`,
     :class:`LeaseLost` or :class:`StoreUnavailable` (the lease could not be kept).
@@ -173,9 +209,12 @@ async def run_leased(
     The handler runs in the caller's task (no task per delivery for it or its
     heartbeat); an async handler that swallows its cancellation keeps the
     caller waiting, but its lease is no longer renewed past the time limit.
-    A plain handler's thread cannot be cancelled: past the time limit its key
-    stays owned, renewed, until the thread ends (``overrun`` is entered
-    meanwhile, for the metric); only then does the attempt count as failed.
+    A plain handler's thread cannot be cancelled: its key stays owned,
+    renewed, until the thread ends (``overrun`` is entered past the time
+    limit, for the metric); only then does the attempt count as failed. A
+    stop (the caller's task cancelled) gives the thread ``stop_wait`` more
+    seconds: ended by then, its outcome is returned as if no stop had come;
+    else the cancellation goes on, the key still held while the thread runs.
     ``renewal`` goes on after this returns: the caller stops it once the
     outcome is stored.
     """
@@ -185,7 +224,7 @@ async def run_leased(
     limit: asyncio.Timeout | None = None
     try:
         if not is_async(handler):
-            return await _in_thread(handler, context, renewal, time_limit, overrun)
+            return await _in_thread(handler, context, renewal, time_limit, overrun, stop_wait)
         async with asyncio.timeout(time_limit) as limit:
             return await handler(context)
     except asyncio.CancelledError:
@@ -207,17 +246,38 @@ async def _in_thread(
     renewal: Renewal,
     time_limit: float,
     overrun: Callable[[], AbstractContextManager[object]],
+    stop_wait: float,
 ) -> Any:
-    running = start_in_thread(handler, context)
-    done, _ = await asyncio.wait({running}, timeout=time_limit)
-    if done:
-        return await result_of(running)
     lease = renewal.lease
-    lease.busy = True
     renewal.hold()
-    with overrun():
-        await asyncio.wait({running})  # a shutdown or a lost lease cancels this wait
-    lease.busy = False
+    watched = renewal.threads.hold(lease, renewal.let_go)
+
+    def ended() -> None:  # on the handler's thread, before the loop hears of it
+        lease.busy = False
+        watched()
+
+    lease.busy = True
+    running = start_in_thread(handler, context, ended)
+    running.add_done_callback(renewal.thread_ended)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + time_limit
+    in_time = False
+    try:
+        done, _ = await asyncio.wait({running}, timeout=time_limit)
+        in_time = bool(done)
+        if not done:
+            with overrun():
+                await asyncio.wait({running})
+    except asyncio.CancelledError:
+        # A stop. The thread cannot be stopped: it gets a little longer to end.
+        await asyncio.wait({running}, timeout=stop_wait)
+        task = asyncio.current_task()
+        if not running.done() or task is None or task.cancelling() > 1:
+            raise
+        task.uncancel()  # ended after all: its outcome counts as if no stop had come
+        in_time = loop.time() <= deadline
+    if in_time:
+        return await result_of(running)
     if not running.cancelled():
         running.exception()  # retrieved: the attempt failed on time, whatever it raised
     raise HandlerTimeout(f"handler ran longer than {time_limit:g}s")

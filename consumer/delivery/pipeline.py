@@ -54,6 +54,10 @@ from stores.errors import StoreError, StoreMisconfigured
 log = structlog.get_logger("semel.pipeline")
 
 _RELEASE_WAIT = 5.0  # seconds a cut-short delivery waits to release its claim
+# Seconds a stop gives a plain handler's thread, which cannot be cancelled, to
+# end after the grace: one that ends in time is recorded as usual; the key of
+# one still running stays held until it ends or the process exits.
+THREAD_STOP_WAIT = 5.0
 # A store answer slower than this share of the lease lets fewer deliveries at
 # the store (see consumer.delivery.pressure): half the third of the lease after
 # which a claim is given up and a call abandoned, so the limit bites before
@@ -212,6 +216,7 @@ class Pipeline:
                 renewal,
                 self._config.handler_timeout,
                 self._observer.overrun,
+                stop_wait=THREAD_STOP_WAIT,
             )
         except asyncio.CancelledError:
             await self._cut_short(delivery, renewal)
@@ -319,21 +324,27 @@ class Pipeline:
         return decision
 
     async def _cut_short(self, delivery: Delivery, renewal: Renewal) -> None:
-        """Shutdown cut the handler short: free the key at once and hand the message back."""
+        """Shutdown cut the handler short: free the key at once (unless its thread
+        still runs) and hand the message back."""
         await self._release(renewal.lease, renewal)
         await self._settle(delivery, SHUTDOWN)
 
     async def _release(self, lease: Lease, renewal: Renewal | None = None) -> None:
         """Free the key at once, if the store answers soon; else its lease runs out.
 
-        Never while a thread of this process still runs the handler: the key is
-        left to its lease, which runs out after the process (and the thread)
-        ended, so no other worker ever runs it at the same time.
+        Never while a thread of this process still runs the handler: the key
+        stays held, renewed, until the thread ends or the process (and the
+        thread with it) exits, then is left to its lease; no other worker ever
+        runs it at the same time.
         """
         if renewal is not None:
             await renewal.stop()  # a renewal landing after the release would hold the key
         if lease.busy:
-            log.warning("handler thread still running; its claim expires by itself", key=lease.key)
+            log.warning(
+                "handler thread still running; its key stays held until it ends or the "
+                "process exits, then its lease runs out",
+                key=lease.key,
+            )
             return
         try:
             await asyncio.wait_for(self._store.release(lease.key, lease.fence), _RELEASE_WAIT)

@@ -4,7 +4,11 @@ Up to ``SEMEL_PREFETCH`` deliveries are processed at once (the broker sends
 no more than that unacknowledged). A stop request (SIGTERM / SIGINT) detaches
 the consumer, lets the handlers in flight finish for ``shutdown_grace``
 seconds, then cuts the rest short: their claims are released and their
-messages handed back, so another worker picks them up at once.
+messages handed back, so another worker picks them up at once. A plain
+handler's thread cannot be cut short: it gets a few seconds more to end, and
+the key of one still running stays held until the process exits (see
+:mod:`consumer.delivery.thread_watch`). A stop because a store ping found the
+store not set up for semel goes the same way, then raises.
 """
 
 from __future__ import annotations
@@ -22,14 +26,17 @@ from consumer.delivery.decide import Outcome, Requeue
 from consumer.delivery.handler import Handler
 from consumer.delivery.message import Incoming
 from consumer.delivery.observe import Observer
-from consumer.delivery.pipeline import Pipeline, PipelineConfig
+from consumer.delivery.pipeline import THREAD_STOP_WAIT, Pipeline, PipelineConfig
+from consumer.delivery.thread_watch import THREAD_LEASES
 from consumer.names import BROKER_CALL_TIMEOUT, Topology
 from consumer.runtime.supervise import StoreGate, broker_gone_for
 from stores.base import Store
-from stores.errors import EXIT_FAILURE, StoreUnavailable
+from stores.errors import EXIT_FAILURE, StoreMisconfigured, StoreUnavailable
 
 EXIT_OK = 0
-_CUT_SHORT_WAIT = 10.0  # seconds cut-short tasks get to release their claims
+# Seconds cut-short tasks get to release their claims; a plain handler's
+# thread first gets THREAD_STOP_WAIT of them to end.
+_CUT_SHORT_WAIT = THREAD_STOP_WAIT + 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +77,11 @@ class Worker:
         self._gate: StoreGate | None = None
 
     async def run(self, stop: asyncio.Event) -> int:
-        """Consume until ``stop`` is set (exit 0) or the broker stays away (exit 1)."""
+        """Consume until ``stop`` is set (exit 0) or the broker stays away (exit 1).
+
+        Raises :class:`StoreMisconfigured` when a store ping found the store not
+        set up for semel, once the handlers in flight were drained.
+        """
         config = self._config
         names = Topology(config.queue)
         consuming = await self._connection.channel(publisher_confirms=False)
@@ -95,18 +106,39 @@ class Worker:
             gate.report_down()
         log.info("consuming", queue=config.queue, prefetch=config.prefetch)
 
-        broker_gone = await self._until_stopped(stop, gate)
+        misconfigured: StoreMisconfigured | None = None
+        try:
+            broker_gone = await self._until_stopped(stop, gate)
+        except StoreMisconfigured as exc:  # found by a ping: stopping like any stop first
+            broker_gone, misconfigured = False, exc
         self._accepting = False
-        await intake.pause()
-        if broker_gone:
-            log.error("broker unreachable for too long, exiting", give_up=config.broker_give_up)
-            await self._cut_short()
-            return EXIT_FAILURE
-        await self._drain()
-        for channel in (publishing, consuming):
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(channel.close(), BROKER_CALL_TIMEOUT)
-        return EXIT_OK
+        try:
+            await intake.pause()
+            if broker_gone:
+                log.error("broker unreachable for too long, exiting", give_up=config.broker_give_up)
+                await self._cut_short()
+                return EXIT_FAILURE
+            await self._drain()
+            for channel in (publishing, consuming):
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(channel.close(), BROKER_CALL_TIMEOUT)
+            if misconfigured is not None:
+                raise misconfigured
+            return EXIT_OK
+        finally:
+            self._let_go_of_threads()
+
+    @staticmethod
+    def _let_go_of_threads() -> None:
+        """The store closes next: stop renewing the keys of threads still running.
+        Their leases outlast the process's exit (if not, the process ends first)."""
+        keys = THREAD_LEASES.let_go()
+        if keys:
+            log.warning(
+                "handler threads still running at exit; their keys stay held until their "
+                "leases run out",
+                keys=keys,
+            )
 
     async def _until_stopped(self, stop: asyncio.Event, gate: StoreGate) -> bool:
         """Watch the store and the broker until ``stop``; ``True`` if the broker is gone."""

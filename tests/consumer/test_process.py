@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from consumer import Context
 from consumer.broker.topology import queue_specs
 from consumer.container import topology_of
 from consumer.delivery.message import fingerprint
@@ -20,8 +23,8 @@ from consumer.names import Topology
 from settings import LogFormat, LogLevel, Settings
 from stores.base import Outcome, Status, Store
 from tests.conftest import settings_env
-from tests.consumer.conftest import CONSUMER_BACKENDS, ConsumerSettings
-from tests.consumer.handlers import ALLOW_DIE_ENV, LEDGER_ENV, read_ledger
+from tests.consumer.conftest import CONSUMER_BACKENDS, KEPT_LEASE, ConsumerSettings
+from tests.consumer.handlers import ALLOW_DIE_ENV, LEDGER_ENV, read_ledger, record
 from tests.consumer.harness import Broker, ConsumerProcess, eventually, processes
 from tests.consumer.test_delivery import only_dead_letters, runs, settle_all, status_is
 from tests.consumer.test_faults import all_completed
@@ -117,32 +120,37 @@ async def test_a_restart_in_the_middle_of_a_stream_loses_nothing(
 
 
 @pytest.mark.parametrize("backend", CONSUMER_BACKENDS)
-async def test_sigterm_lets_short_work_finish_and_releases_the_rest(
+async def test_sigterm_lets_short_work_finish_and_holds_the_keys_of_threads_still_running(
     consumer_settings: ConsumerSettings, broker: Broker, store: Store, ledger: Path
 ) -> None:
     # A plain (thread) handler, which cannot be cancelled; a long lease, so only
-    # a release can free the key at once.
+    # a release could free a key before the process is long gone.
     settings = consumer_settings(
         handler="tests.consumer.handlers:blocking", shutdown_grace=1.0, lock_ttl=30.0
     )
     await broker.declare(settings)
     await broker.publish(settings, {"sleep": 0.5}, key="short")
+    # Past the grace, within the wait for threads at the cut short: recorded as usual.
+    await broker.publish(settings, {"sleep": 3}, key="late")
     await broker.publish(settings, {"sleep": 60}, key="stuck")
     with processes() as started:
         worker = consumer_process(settings, ledger).start()
         started.append(worker)
 
-        async def both_running() -> bool:
-            return {e["key"] for e in read_ledger(ledger)} == {"short", "stuck"}
+        async def all_running() -> bool:
+            return {e["key"] for e in read_ledger(ledger)} == {"short", "late", "stuck"}
 
-        await eventually(both_running, 20, "both handlers running")
+        await eventually(all_running, 20, "the three handlers running")
         worker.signal(signal.SIGTERM)
-        assert await worker.wait(15) == 0, worker.output()
+        assert await worker.wait(20) == 0, worker.output()
 
     assert await status_is(store, "short", Status.COMPLETED)
+    assert await status_is(store, "late", Status.COMPLETED), worker.output()
+    # Its thread still ran when the process exited: the key was never released,
+    # so no other worker could run it beside that thread; its lease runs out.
     again = await store.claim("stuck", fingerprint({"sleep": 60}))
-    assert again.outcome is Outcome.CLAIMED  # released, not left to its 30 s lease
-    await store.release("stuck", again.fence)
+    assert again.outcome is Outcome.IN_PROGRESS, again
+    assert "handler thread still running" in worker.output()
 
     # Handed back, not lost. A quorum queue applies a return through its log,
     # so the count it reports may lag the worker's exit.
@@ -157,6 +165,81 @@ async def test_sigterm_lets_short_work_finish_and_releases_the_rest(
     # Straight back, not through the conflict queue (which would add x-death).
     assert message.headers.get("Idempotency-Key") == "stuck"
     assert "x-death" not in message.headers
+
+
+RELEASE_ENV = "SEMEL_TEST_RELEASE"  # a file: once it exists, `held_until_released` returns
+
+
+def held_until_released(context: Context) -> Any:
+    """A plain handler whose thread blocks until the test creates the file named by
+    ``SEMEL_TEST_RELEASE`` (a minute at most): it outlives any grace on demand."""
+    record(context, "start")
+    release = Path(os.environ[RELEASE_ENV])
+    end = time.monotonic() + 60
+    while not release.exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    record(context, "end")
+    return {"released": release.exists()}
+
+
+@pytest.mark.parametrize("backend", ["postgres", "redis"])
+async def test_a_rolling_restart_never_runs_a_thread_handler_beside_itself(
+    consumer_settings: ConsumerSettings, broker: Broker, store: Store, ledger: Path
+) -> None:
+    """Worker A is stopped while its thread runs past the shutdown grace; worker B
+    on the same queue gets the message back at once, but runs the key only after
+    A's thread has ended or A's process (and the thread with it) has gone."""
+    settings = consumer_settings(
+        handler="tests.consumer.test_process:held_until_released",
+        shutdown_grace=1.0,
+        lock_ttl=KEPT_LEASE,
+        handler_timeout=70.0,
+    )
+    release = ledger.with_suffix(".release")
+    await broker.declare(settings)
+    await broker.publish(settings, {}, key="long")
+    with processes() as started:
+        first = consumer_process(settings, ledger, **{RELEASE_ENV: str(release)}).start()
+        started.append(first)
+
+        def runs_by(pid: int) -> list[dict[str, Any]]:
+            return [e for e in read_ledger(ledger) if e["key"] == "long" and e["pid"] == pid]
+
+        async def first_running() -> bool:
+            return bool(runs_by(first.pid))
+
+        await eventually(first_running, 20, "A running 'long'")
+        second = consumer_process(settings, ledger, **{RELEASE_ENV: str(release)}).start()
+        started.append(second)
+        await eventually(lambda: _consumers(broker, settings.queue, 2), 20, "B attached")
+        # A's thread blocks past the grace and the wait a stop gives threads.
+        first.signal(signal.SIGTERM)
+        # Polled: the exit seen here is no earlier than the real one.
+        assert await first.wait(30) == 0, first.output()
+        first_gone = time.time()
+        release.touch()  # from now on, a run of 'long' ends at once
+
+        async def second_ran() -> bool:
+            return any(e["event"] == "end" for e in runs_by(second.pid))
+
+        await eventually(second_ran, 30, f"B ran 'long'; B: {second.output()}")
+        second.signal(signal.SIGTERM)
+        assert await second.wait() == 0, second.output()
+
+    a_runs, b_runs = runs_by(first.pid), runs_by(second.pid)
+    a_end = [e["t"] for e in a_runs if e["event"] == "end"]
+    b_start = min(e["t"] for e in b_runs if e["event"] == "start")
+    a_over = min([*a_end, first_gone])
+    assert b_start >= a_over, (
+        f"B started 'long' {a_over - b_start:.2f}s before A's thread ended or A exited: "
+        f"{a_runs + b_runs}"
+    )
+    assert max(e["fence"] for e in b_runs) > max(e["fence"] for e in a_runs)
+    assert await status_is(store, "long", Status.COMPLETED)
+
+
+async def _consumers(broker: Broker, queue: str, count: int) -> bool:
+    return await broker.consumers(queue) >= count
 
 
 def run_consumer(settings: Settings, **env: str) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,7 @@ import pytest
 
 from consumer.names import H_REASON, Reason, Topology
 from settings import Settings
-from tests.consumer.conftest import ConsumerSettings, StartConsumer
+from tests.consumer.conftest import KEPT_LEASE, ConsumerSettings, StartConsumer
 from tests.consumer.handlers import read_ledger
 from tests.consumer.harness import Broker, InProcessConsumer, eventually
 
@@ -29,8 +29,13 @@ def _overrunning(consumer: InProcessConsumer) -> float:
 async def test_a_thread_past_its_time_limit_is_never_overlapped_by_a_retry(
     consumer_settings: ConsumerSettings, broker: Broker, ledger: Path, start_consumer: StartConsumer
 ) -> None:
+    # A lease a loaded host's event loop stalls cannot cost: a running thread's
+    # lease that comes near lapsing ends the process, here the test run's.
     settings: Settings = consumer_settings(
-        handler="tests.consumer.handlers:blocking", handler_timeout=0.3, max_attempts=2
+        handler="tests.consumer.handlers:blocking",
+        handler_timeout=0.3,
+        max_attempts=2,
+        lock_ttl=KEPT_LEASE,
     )
     consumer = await start_consumer(settings)
     # Each attempt blocks its thread five times longer than it may run.
