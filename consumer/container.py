@@ -22,10 +22,10 @@ from consumer.broker.connection import open_connection, open_tool_connection
 from consumer.broker.topology import TopologySpec
 from consumer.delivery.batching import batched
 from consumer.delivery.decide import RetryPolicy
-from consumer.delivery.handler import load_handler
+from consumer.delivery.handler import Handler, load_handler
 from consumer.delivery.message import KeySource, MessageRules
 from consumer.delivery.pipeline import PipelineConfig
-from consumer.errors import ConfigurationError
+from consumer.errors import ConfigurationError, HandlerLoadError
 from consumer.ops.httpd import open_operations
 from consumer.ops.logs import LogSetup
 from consumer.ops.metered import MeteredStore
@@ -102,10 +102,35 @@ def store_options(settings: Settings) -> StoreOptions:
     return StoreOptions(module, kwargs)
 
 
+# The extra of pyproject.toml that installs each backend's client library.
+EXTRAS = {
+    "postgres": "postgres",
+    TRANSACTIONAL: "postgres",
+    "redis": "redis",
+    "dynamodb": "dynamodb",
+}
+
+
+def import_backend(settings: Settings) -> Any:
+    """The selected backend's module; a client library not installed is a configuration
+    error naming the extra that installs it."""
+    backend = backend_of(settings)
+    try:
+        return importlib.import_module(store_options(settings).module)
+    except ModuleNotFoundError as exc:
+        extra = EXTRAS.get(backend)
+        if extra is None or (exc.name or "").startswith(("stores", "consumer")):
+            raise
+        raise ConfigurationError(
+            f"SEMEL_STORE={settings.store.value} needs the {extra!r} extra, "
+            f"not installed here (no module {exc.name!r}): pip install 'semel[{extra}]'"
+        ) from None
+
+
 async def open_backend(settings: Settings) -> AsyncIterator[Store]:
     """Import the selected backend lazily, open its store, close it at shutdown."""
     options = store_options(settings)
-    module = importlib.import_module(options.module)
+    module = import_backend(settings)
     store: Store = await module.open_store(**options.kwargs)
     try:
         yield store
@@ -157,6 +182,16 @@ def log_setup(settings: Settings) -> LogSetup:
     return LogSetup(as_json=settings.log_format.value == "json", level=level)
 
 
+def required_handler(spec: str | None) -> Handler:
+    """The handler ``SEMEL_HANDLER`` names: there is no default to fall back on."""
+    if spec is None:
+        raise HandlerLoadError(
+            "SEMEL_HANDLER: not set; name the handler to run as package.module:callable "
+            "(the bundled example is consumer.examples:order_paid)"
+        )
+    return load_handler(spec)
+
+
 def plain_worker(collaborators: dict[str, Any]) -> Worker:
     return Worker(**collaborators)
 
@@ -190,7 +225,7 @@ class Container(containers.DeclarativeContainer):
         dynamodb=providers.Resource(open_backend, settings),
     )
 
-    handler = providers.Singleton(load_handler, settings.provided.handler)
+    handler = providers.Singleton(required_handler, settings.provided.handler)
     topology = providers.Singleton(topology_of, settings)
     rules = providers.Singleton(message_rules, settings)
     logs = providers.Singleton(log_setup, settings)

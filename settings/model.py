@@ -18,6 +18,10 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from settings.amqp import amqp_addresses as parse_addresses
 
 PREFIX = "SEMEL_"
+# Transactional mode keeps one connection per handler in its transaction, up to
+# this many (stores.postgres_tx.POOL_MAX): a larger prefetch would have
+# deliveries claim their keys and then queue for a connection.
+TRANSACTIONAL_CONNECTIONS = 32
 
 
 class StoreKind(StrEnum):
@@ -150,7 +154,10 @@ class Settings(BaseSettings):
         "us-east-1", validation_alias=_env("DYNAMODB_REGION", "AWS_REGION", "AWS_DEFAULT_REGION")
     )
     sqlite_path: str = "./semel.db"
-    handler: str = Field("consumer.examples:order_paid", pattern=r"^[\w.]+:[\w.]+$")
+    # No default: a worker that forgot it would acknowledge real messages with
+    # the bundled example. `semel consume` refuses to start without it; the
+    # other commands never run a handler.
+    handler: str | None = Field(None, pattern=r"^[\w.]+:[\w.]+$")
     exchange: str = Field("semel.events", min_length=1, max_length=200)
     queue: str = Field("semel.work", min_length=1, max_length=200)
     binding_keys: Annotated[list[str], NoDecode] = ["#"]
@@ -228,28 +235,71 @@ class Settings(BaseSettings):
     def _endpoint(cls, value: str | None) -> str | None:
         return None if not value else _check_url(value, ("http", "https"))
 
+    def retry_chain(self) -> float:
+        """Seconds a message can wait in the retry tiers, first attempt to last:
+        ``SEMEL_MAX_ATTEMPTS - 1`` delays, the last tier repeating."""
+        tiers = self.retry_delays
+        return sum(tiers[min(attempt, len(tiers)) - 1] for attempt in range(1, self.max_attempts))
+
     @model_validator(mode="after")
-    def _retention_covers_retries(self) -> Settings:
+    def _consistent(self) -> Settings:
+        for problem in (
+            self._retention_problem(),
+            self._claims_problem(),
+            self._transactional_problem(),
+        ):
+            if problem:
+                raise ValueError(problem)
+        return self
+
+    def _retention_problem(self) -> str | None:
         # A completed key must outlive every redelivery that can still arrive:
-        # the longest path is all retry tiers back to back.
-        if self.retention < sum(self.retry_delays):
-            raise ValueError(
-                f"{PREFIX}RETENTION: {self.retention:g}s is shorter than the sum of "
-                f"{PREFIX}RETRY_DELAYS ({sum(self.retry_delays):g}s)"
+        # the longest path is every retry back to back.
+        chain = self.retry_chain()
+        if self.retention < chain:
+            return (
+                f"{PREFIX}RETENTION: {self.retention:g}s is shorter than the retries it must "
+                f"outlive ({chain:g}s: {self.max_attempts - 1} waits of {PREFIX}RETRY_DELAYS "
+                f"for {PREFIX}MAX_ATTEMPTS={self.max_attempts}, the last delay repeating)"
             )
         # A live claim must never be forgotten under its owner, or a new claim
         # could be granted the fence the owner still holds.
         if self.retention < self.lock_ttl:
-            raise ValueError(
+            return (
                 f"{PREFIX}RETENTION: {self.retention:g}s is shorter than "
                 f"{PREFIX}LOCK_TTL ({self.lock_ttl:g}s)"
             )
-        if self.transactional and self.store is not StoreKind.POSTGRES:
-            raise ValueError(
+        return None
+
+    def _claims_problem(self) -> str | None:
+        # Every attempt claims the key once: an attempt past the claims allowed
+        # would be dead-lettered as poison instead of being run.
+        if self.max_attempts > self.max_claims:
+            return (
+                f"{PREFIX}MAX_ATTEMPTS: {self.max_attempts} is above {PREFIX}MAX_CLAIMS "
+                f"({self.max_claims}): attempts past the claims would be dead-lettered as poison"
+            )
+        return None
+
+    def _transactional_problem(self) -> str | None:
+        if not self.transactional:
+            return None
+        if self.store is not StoreKind.POSTGRES:
+            return (
                 f"{PREFIX}TRANSACTIONAL: needs {PREFIX}STORE=postgres "
                 f"({PREFIX}STORE is {self.store.value})"
             )
-        return self
+        if self.prefetch > TRANSACTIONAL_CONNECTIONS:
+            if "prefetch" not in self.model_fields_set:
+                # Left at its default: transactional mode's own is what the pool holds.
+                self.prefetch = TRANSACTIONAL_CONNECTIONS
+                return None
+            return (
+                f"{PREFIX}PREFETCH: {self.prefetch} is above the {TRANSACTIONAL_CONNECTIONS} "
+                f"connections {PREFIX}TRANSACTIONAL=true runs handlers on (one each); "
+                f"set {PREFIX}PREFETCH to {TRANSACTIONAL_CONNECTIONS} or less"
+            )
+        return None
 
     def as_env(self) -> dict[str, str]:
         """The ``SEMEL_*`` variables that load exactly these settings in another process."""
