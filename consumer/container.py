@@ -203,8 +203,25 @@ def transactional_worker(collaborators: dict[str, Any]) -> Worker:
     return worker
 
 
-async def shutdown(container: containers.Container) -> None:
-    """Close every Resource that was started; a no-op when none was."""
+async def bounded(store: Store) -> AsyncIterator[DeadlineStore]:
+    """``store`` with a deadline on every call; at shutdown, the calls it gave up on
+    are waited for (a late claim released) while ``store`` is still open."""
+    deadline = DeadlineStore(store)
+    try:
+        yield deadline
+    finally:
+        await deadline.settle()
+
+
+async def shutdown(container: Container) -> None:
+    """Close every Resource that was started; a no-op when none was.
+
+    What uses the store goes first, while it is open: the container orders
+    Resources by their direct arguments only, and the store is behind a Selector.
+    """
+    for user in (container.bounded_store,):
+        if user.initialized and (closing := user.shutdown()) is not None:
+            await closing
     pending = container.shutdown_resources()
     if pending is not None:
         await pending
@@ -244,7 +261,7 @@ class Container(containers.DeclarativeContainer):
     metrics = providers.Singleton(Metrics)
     # Innermost, every store call gets its deadline: a batch that hangs must
     # not hold up the deliveries queued behind it.
-    bounded_store = providers.Singleton(DeadlineStore, store)
+    bounded_store = providers.Resource(bounded, store)
     metered_store = providers.Singleton(
         MeteredStore, providers.Singleton(batched, bounded_store), metrics
     )
