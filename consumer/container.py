@@ -31,7 +31,7 @@ from consumer.ops.logs import LogSetup
 from consumer.ops.metered import MeteredStore
 from consumer.ops.metrics import Metrics, MetricsObserver, timed
 from consumer.ops.tracing import traced
-from consumer.runtime.purge import PURGE_INTERVAL
+from consumer.runtime.purge import PURGE_INTERVAL, background_purge
 from consumer.runtime.worker import Worker, WorkerConfig
 from settings import ConfigError, QueueType, Settings, load_settings
 from stores.base import Store, StoreConfig
@@ -166,14 +166,24 @@ def pipeline_config(settings: Settings) -> PipelineConfig:
     )
 
 
+def purge_interval(settings: Settings) -> float:
+    # Never longer than retention, or expired rows would outlast it.
+    return min(PURGE_INTERVAL, settings.retention)
+
+
+def purges_in_background(settings: Settings) -> bool:
+    """Whether the container's background purge runs: not in transactional mode,
+    whose worker purges its keys and its outbox itself."""
+    return not settings.transactional
+
+
 def worker_config(settings: Settings) -> WorkerConfig:
     return WorkerConfig(
         queue=settings.queue,
         prefetch=settings.prefetch,
         shutdown_grace=settings.shutdown_grace,
         broker_give_up=settings.broker_give_up,
-        # Never longer than retention, or expired rows would outlast it.
-        purge_interval=min(PURGE_INTERVAL, settings.retention),
+        purge_interval=purge_interval(settings),
     )
 
 
@@ -219,7 +229,7 @@ async def shutdown(container: Container) -> None:
     What uses the store goes first, while it is open: the container orders
     Resources by their direct arguments only, and the store is behind a Selector.
     """
-    for user in (container.bounded_store,):
+    for user in (container.purger, container.bounded_store):
         if user.initialized and (closing := user.shutdown()) is not None:
             await closing
     pending = container.shutdown_resources()
@@ -270,6 +280,14 @@ class Container(containers.DeclarativeContainer):
         traced, providers.Factory(MetricsObserver, metrics), settings.provided.queue
     )
     health = providers.Resource(open_operations, settings.provided.metrics_port, metrics)
+    # Expired keys deleted while the consumer runs, so no cron job is needed.
+    purger = providers.Resource(
+        background_purge,
+        store,
+        providers.Callable(purge_interval, settings),
+        metrics.provided.keys_purged.inc,
+        providers.Callable(purges_in_background, settings),
+    )
 
     # The transactional worker is another class, picked by the same key as its store.
     _collaborators = providers.Dict(
