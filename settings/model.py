@@ -16,12 +16,17 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from settings.amqp import amqp_addresses as parse_addresses
+from settings.consistency import PREFIX, TRANSACTIONAL_CONNECTIONS, contradiction, retry_chain
 
-PREFIX = "SEMEL_"
-# Transactional mode keeps one connection per handler in its transaction, up to
-# this many (stores.postgres_tx.POOL_MAX): a larger prefetch would have
-# deliveries claim their keys and then queue for a connection.
-TRANSACTIONAL_CONNECTIONS = 32
+__all__ = [
+    "PREFIX",
+    "TRANSACTIONAL_CONNECTIONS",
+    "LogFormat",
+    "LogLevel",
+    "QueueType",
+    "Settings",
+    "StoreKind",
+]
 
 
 class StoreKind(StrEnum):
@@ -236,70 +241,22 @@ class Settings(BaseSettings):
         return None if not value else _check_url(value, ("http", "https"))
 
     def retry_chain(self) -> float:
-        """Seconds a message can wait in the retry tiers, first attempt to last:
-        ``SEMEL_MAX_ATTEMPTS - 1`` delays, the last tier repeating."""
-        tiers = self.retry_delays
-        return sum(tiers[min(attempt, len(tiers)) - 1] for attempt in range(1, self.max_attempts))
+        """Seconds a message can wait in the retry tiers, first attempt to last."""
+        return retry_chain(self.retry_delays, self.max_attempts)
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
-        for problem in (
-            self._retention_problem(),
-            self._claims_problem(),
-            self._transactional_problem(),
+        if (
+            self.transactional
+            and self.prefetch > TRANSACTIONAL_CONNECTIONS
+            and "prefetch" not in self.model_fields_set
         ):
-            if problem:
-                raise ValueError(problem)
+            # Left at its default: transactional mode's own is what its pool holds.
+            self.prefetch = TRANSACTIONAL_CONNECTIONS
+        problem = contradiction(self)
+        if problem:
+            raise ValueError(problem)
         return self
-
-    def _retention_problem(self) -> str | None:
-        # A completed key must outlive every redelivery that can still arrive:
-        # the longest path is every retry back to back.
-        chain = self.retry_chain()
-        if self.retention < chain:
-            return (
-                f"{PREFIX}RETENTION: {self.retention:g}s is shorter than the retries it must "
-                f"outlive ({chain:g}s: {self.max_attempts - 1} waits of {PREFIX}RETRY_DELAYS "
-                f"for {PREFIX}MAX_ATTEMPTS={self.max_attempts}, the last delay repeating)"
-            )
-        # A live claim must never be forgotten under its owner, or a new claim
-        # could be granted the fence the owner still holds.
-        if self.retention < self.lock_ttl:
-            return (
-                f"{PREFIX}RETENTION: {self.retention:g}s is shorter than "
-                f"{PREFIX}LOCK_TTL ({self.lock_ttl:g}s)"
-            )
-        return None
-
-    def _claims_problem(self) -> str | None:
-        # Every attempt claims the key once: an attempt past the claims allowed
-        # would be dead-lettered as poison instead of being run.
-        if self.max_attempts > self.max_claims:
-            return (
-                f"{PREFIX}MAX_ATTEMPTS: {self.max_attempts} is above {PREFIX}MAX_CLAIMS "
-                f"({self.max_claims}): attempts past the claims would be dead-lettered as poison"
-            )
-        return None
-
-    def _transactional_problem(self) -> str | None:
-        if not self.transactional:
-            return None
-        if self.store is not StoreKind.POSTGRES:
-            return (
-                f"{PREFIX}TRANSACTIONAL: needs {PREFIX}STORE=postgres "
-                f"({PREFIX}STORE is {self.store.value})"
-            )
-        if self.prefetch > TRANSACTIONAL_CONNECTIONS:
-            if "prefetch" not in self.model_fields_set:
-                # Left at its default: transactional mode's own is what the pool holds.
-                self.prefetch = TRANSACTIONAL_CONNECTIONS
-                return None
-            return (
-                f"{PREFIX}PREFETCH: {self.prefetch} is above the {TRANSACTIONAL_CONNECTIONS} "
-                f"connections {PREFIX}TRANSACTIONAL=true runs handlers on (one each); "
-                f"set {PREFIX}PREFETCH to {TRANSACTIONAL_CONNECTIONS} or less"
-            )
-        return None
 
     def as_env(self) -> dict[str, str]:
         """The ``SEMEL_*`` variables that load exactly these settings in another process."""
