@@ -226,10 +226,12 @@ async def bounded(store: Store) -> AsyncIterator[DeadlineStore]:
 async def shutdown(container: Container) -> None:
     """Close every Resource that was started; a no-op when none was.
 
-    What uses the store goes first, while it is open: the container orders
-    Resources by their direct arguments only, and the store is behind a Selector.
+    What uses the store goes first, while it is open, the health pinger and the
+    purge before the calls they may have left out are settled: the container
+    orders Resources by their direct arguments only, and the store is behind a
+    Selector.
     """
-    for user in (container.purger, container.bounded_store):
+    for user in (container.health, container.purger, container.bounded_store):
         if user.initialized and (closing := user.shutdown()) is not None:
             await closing
     pending = container.shutdown_resources()
