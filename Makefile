@@ -24,9 +24,12 @@ $(BIN)/.installed: pyproject.toml | system
 services: system $(BIN)/.installed
 	$(BIN)/python -m tests.servers
 
+# The bundled example handler, named here: semel itself has no default handler.
+EXAMPLE_HANDLER ?= consumer.examples:order_paid
+
 consume: services
 	$(BIN)/semel migrate
-	$(BIN)/semel consume
+	SEMEL_HANDLER='$(EXAMPLE_HANDLER)' $(BIN)/semel consume
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .

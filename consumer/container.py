@@ -22,16 +22,16 @@ from consumer.broker.connection import open_connection, open_tool_connection
 from consumer.broker.topology import TopologySpec
 from consumer.delivery.batching import batched
 from consumer.delivery.decide import RetryPolicy
-from consumer.delivery.handler import load_handler
+from consumer.delivery.handler import Handler, load_handler
 from consumer.delivery.message import KeySource, MessageRules
 from consumer.delivery.pipeline import PipelineConfig
-from consumer.errors import ConfigurationError
+from consumer.errors import ConfigurationError, HandlerLoadError
 from consumer.ops.httpd import open_operations
 from consumer.ops.logs import LogSetup
 from consumer.ops.metered import MeteredStore
 from consumer.ops.metrics import Metrics, MetricsObserver, timed
 from consumer.ops.tracing import traced
-from consumer.runtime.purge import PURGE_INTERVAL
+from consumer.runtime.purge import PURGE_INTERVAL, background_purge
 from consumer.runtime.worker import Worker, WorkerConfig
 from settings import ConfigError, QueueType, Settings, load_settings
 from stores.base import Store, StoreConfig
@@ -102,10 +102,35 @@ def store_options(settings: Settings) -> StoreOptions:
     return StoreOptions(module, kwargs)
 
 
+# The extra of pyproject.toml that installs each backend's client library.
+EXTRAS = {
+    "postgres": "postgres",
+    TRANSACTIONAL: "postgres",
+    "redis": "redis",
+    "dynamodb": "dynamodb",
+}
+
+
+def import_backend(settings: Settings) -> Any:
+    """The selected backend's module; a client library not installed is a configuration
+    error naming the extra that installs it."""
+    backend = backend_of(settings)
+    try:
+        return importlib.import_module(store_options(settings).module)
+    except ModuleNotFoundError as exc:
+        extra = EXTRAS.get(backend)
+        if extra is None or (exc.name or "").startswith(("stores", "consumer")):
+            raise
+        raise ConfigurationError(
+            f"SEMEL_STORE={settings.store.value} needs the {extra!r} extra, "
+            f"not installed here (no module {exc.name!r}): pip install 'semel[{extra}]'"
+        ) from None
+
+
 async def open_backend(settings: Settings) -> AsyncIterator[Store]:
     """Import the selected backend lazily, open its store, close it at shutdown."""
     options = store_options(settings)
-    module = importlib.import_module(options.module)
+    module = import_backend(settings)
     store: Store = await module.open_store(**options.kwargs)
     try:
         yield store
@@ -141,20 +166,40 @@ def pipeline_config(settings: Settings) -> PipelineConfig:
     )
 
 
+def purge_interval(settings: Settings) -> float:
+    # Never longer than retention, or expired rows would outlast it.
+    return min(PURGE_INTERVAL, settings.retention)
+
+
+def purges_in_background(settings: Settings) -> bool:
+    """Whether the container's background purge runs: not in transactional mode,
+    whose worker purges its keys and its outbox itself."""
+    return not settings.transactional
+
+
 def worker_config(settings: Settings) -> WorkerConfig:
     return WorkerConfig(
         queue=settings.queue,
         prefetch=settings.prefetch,
         shutdown_grace=settings.shutdown_grace,
         broker_give_up=settings.broker_give_up,
-        # Never longer than retention, or expired rows would outlast it.
-        purge_interval=min(PURGE_INTERVAL, settings.retention),
+        purge_interval=purge_interval(settings),
     )
 
 
 def log_setup(settings: Settings) -> LogSetup:
     level = logging.getLevelNamesMapping()[settings.log_level.value.upper()]
     return LogSetup(as_json=settings.log_format.value == "json", level=level)
+
+
+def required_handler(spec: str | None) -> Handler:
+    """The handler ``SEMEL_HANDLER`` names: there is no default to fall back on."""
+    if spec is None:
+        raise HandlerLoadError(
+            "SEMEL_HANDLER: not set; name the handler to run as package.module:callable "
+            "(the bundled example is consumer.examples:order_paid)"
+        )
+    return load_handler(spec)
 
 
 def plain_worker(collaborators: dict[str, Any]) -> Worker:
@@ -168,8 +213,27 @@ def transactional_worker(collaborators: dict[str, Any]) -> Worker:
     return worker
 
 
-async def shutdown(container: containers.Container) -> None:
-    """Close every Resource that was started; a no-op when none was."""
+async def bounded(store: Store) -> AsyncIterator[DeadlineStore]:
+    """``store`` with a deadline on every call; at shutdown, the calls it gave up on
+    are waited for (a late claim released) while ``store`` is still open."""
+    deadline = DeadlineStore(store)
+    try:
+        yield deadline
+    finally:
+        await deadline.settle()
+
+
+async def shutdown(container: Container) -> None:
+    """Close every Resource that was started; a no-op when none was.
+
+    What uses the store goes first, while it is open, the health pinger and the
+    purge before the calls they may have left out are settled: the container
+    orders Resources by their direct arguments only, and the store is behind a
+    Selector.
+    """
+    for user in (container.health, container.purger, container.bounded_store):
+        if user.initialized and (closing := user.shutdown()) is not None:
+            await closing
     pending = container.shutdown_resources()
     if pending is not None:
         await pending
@@ -190,7 +254,7 @@ class Container(containers.DeclarativeContainer):
         dynamodb=providers.Resource(open_backend, settings),
     )
 
-    handler = providers.Singleton(load_handler, settings.provided.handler)
+    handler = providers.Singleton(required_handler, settings.provided.handler)
     topology = providers.Singleton(topology_of, settings)
     rules = providers.Singleton(message_rules, settings)
     logs = providers.Singleton(log_setup, settings)
@@ -209,7 +273,7 @@ class Container(containers.DeclarativeContainer):
     metrics = providers.Singleton(Metrics)
     # Innermost, every store call gets its deadline: a batch that hangs must
     # not hold up the deliveries queued behind it.
-    bounded_store = providers.Singleton(DeadlineStore, store)
+    bounded_store = providers.Resource(bounded, store)
     metered_store = providers.Singleton(
         MeteredStore, providers.Singleton(batched, bounded_store), metrics
     )
@@ -218,6 +282,14 @@ class Container(containers.DeclarativeContainer):
         traced, providers.Factory(MetricsObserver, metrics), settings.provided.queue
     )
     health = providers.Resource(open_operations, settings.provided.metrics_port, metrics)
+    # Expired keys deleted while the consumer runs, so no cron job is needed.
+    purger = providers.Resource(
+        background_purge,
+        store,
+        providers.Callable(purge_interval, settings),
+        metrics.provided.keys_purged.inc,
+        providers.Callable(purges_in_background, settings),
+    )
 
     # The transactional worker is another class, picked by the same key as its store.
     _collaborators = providers.Dict(

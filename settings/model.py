@@ -16,8 +16,17 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from settings.amqp import amqp_addresses as parse_addresses
+from settings.consistency import PREFIX, TRANSACTIONAL_CONNECTIONS, contradiction, retry_chain
 
-PREFIX = "SEMEL_"
+__all__ = [
+    "PREFIX",
+    "TRANSACTIONAL_CONNECTIONS",
+    "LogFormat",
+    "LogLevel",
+    "QueueType",
+    "Settings",
+    "StoreKind",
+]
 
 
 class StoreKind(StrEnum):
@@ -150,7 +159,10 @@ class Settings(BaseSettings):
         "us-east-1", validation_alias=_env("DYNAMODB_REGION", "AWS_REGION", "AWS_DEFAULT_REGION")
     )
     sqlite_path: str = "./semel.db"
-    handler: str = Field("consumer.examples:order_paid", pattern=r"^[\w.]+:[\w.]+$")
+    # No default: a worker that forgot it would acknowledge real messages with
+    # the bundled example. `semel consume` refuses to start without it; the
+    # other commands never run a handler.
+    handler: str | None = Field(None, pattern=r"^[\w.]+:[\w.]+$")
     exchange: str = Field("semel.events", min_length=1, max_length=200)
     queue: str = Field("semel.work", min_length=1, max_length=200)
     binding_keys: Annotated[list[str], NoDecode] = ["#"]
@@ -228,27 +240,22 @@ class Settings(BaseSettings):
     def _endpoint(cls, value: str | None) -> str | None:
         return None if not value else _check_url(value, ("http", "https"))
 
+    def retry_chain(self) -> float:
+        """Seconds a message can wait in the retry tiers, first attempt to last."""
+        return retry_chain(self.retry_delays, self.max_attempts)
+
     @model_validator(mode="after")
-    def _retention_covers_retries(self) -> Settings:
-        # A completed key must outlive every redelivery that can still arrive:
-        # the longest path is all retry tiers back to back.
-        if self.retention < sum(self.retry_delays):
-            raise ValueError(
-                f"{PREFIX}RETENTION: {self.retention:g}s is shorter than the sum of "
-                f"{PREFIX}RETRY_DELAYS ({sum(self.retry_delays):g}s)"
-            )
-        # A live claim must never be forgotten under its owner, or a new claim
-        # could be granted the fence the owner still holds.
-        if self.retention < self.lock_ttl:
-            raise ValueError(
-                f"{PREFIX}RETENTION: {self.retention:g}s is shorter than "
-                f"{PREFIX}LOCK_TTL ({self.lock_ttl:g}s)"
-            )
-        if self.transactional and self.store is not StoreKind.POSTGRES:
-            raise ValueError(
-                f"{PREFIX}TRANSACTIONAL: needs {PREFIX}STORE=postgres "
-                f"({PREFIX}STORE is {self.store.value})"
-            )
+    def _consistent(self) -> Settings:
+        if (
+            self.transactional
+            and self.prefetch > TRANSACTIONAL_CONNECTIONS
+            and "prefetch" not in self.model_fields_set
+        ):
+            # Left at its default: transactional mode's own is what its pool holds.
+            self.prefetch = TRANSACTIONAL_CONNECTIONS
+        problem = contradiction(self)
+        if problem:
+            raise ValueError(problem)
         return self
 
     def as_env(self) -> dict[str, str]:

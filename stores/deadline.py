@@ -118,10 +118,10 @@ class DeadlineStore(DelegatingStore):
     async def ping(self) -> None:
         await self._bounded(self.inner.ping())
 
-    async def close(self) -> None:
-        """Calls still out get one more deadline, then are cancelled and waited for (one
-        more deadline at most), before the store closes: a call left running past the
-        close would open a connection nobody closes."""
+    async def settle(self) -> None:
+        """Wait for the calls still out: each gets one more deadline, then is cancelled and
+        waited for (one more deadline at most). A claim that lands meanwhile is released,
+        so no key is left held by nobody once the store closes."""
         loop = asyncio.get_running_loop()
         end = loop.time() + self.deadline
         # Looped: a late claim that lands meanwhile adds its release to the set.
@@ -131,4 +131,9 @@ class DeadlineStore(DelegatingStore):
             for task in self._abandoned:
                 task.cancel()
             await asyncio.wait(set(self._abandoned), timeout=self.deadline)
+
+    async def close(self) -> None:
+        """Settle the calls still out, then close the store: a call left running past
+        the close would open a connection nobody closes."""
+        await self.settle()
         await self.inner.close()

@@ -148,7 +148,14 @@ def make_settings(request: pytest.FixtureRequest, backend: str, tmp_path: Path) 
     base: dict[str, Any] = {
         "key_prefix": "t" + uuid.uuid4().hex[:12],
         "retry_delays": [0.1],
+        # One attempt: store tests lower the claims allowed and the retention
+        # freely, and more attempts than claims, or retries outlasting the
+        # retention, are refused. Consumer tests set their own (FAST).
+        "max_attempts": 1,
         "metrics_port": 0,
+        # SEMEL_HANDLER has no default: a consumer these settings start runs the
+        # bundled example unless a test names another.
+        "handler": "consumer.examples:order_paid",
     }
     if backend == "sqlite":
         base |= {"store": "sqlite", "sqlite_path": str(tmp_path / "semel.db")}

@@ -34,7 +34,7 @@ from aiormq.exceptions import AMQPConnectionError, ProbableAuthenticationError
 from yarl import URL
 
 from consumer.backoff import Backoff
-from consumer.errors import BrokerUnavailable
+from consumer.errors import BrokerUnavailable, ConfigurationError
 from consumer.names import (
     BROKER_CALL_TIMEOUT,
     CONNECT_TIMEOUT,
@@ -138,7 +138,7 @@ async def connect(addresses: Sequence[str], give_up: float) -> ClusterConnection
             log.debug("connected to the broker", node=connection.node, addresses=len(urls))
             return connection
         except ProbableAuthenticationError as exc:
-            raise BrokerUnavailable(f"broker refused the login: {exc}") from None
+            raise login_refused(exc) from None
         except _UNREACHABLE as exc:
             node = node_of(urls[first])
             error = str(exc) or type(exc).__name__
@@ -149,6 +149,14 @@ async def connect(addresses: Sequence[str], give_up: float) -> ClusterConnection
                 raise BrokerUnavailable(f"broker unreachable for {give_up:g}s: {error}") from None
             log.warning("broker unreachable, retrying", error=error, retry_in=backoff.pause)
         await backoff.wait()
+
+
+def login_refused(exc: ProbableAuthenticationError) -> ConfigurationError:
+    """A refused login is the operator's to fix, like a store that refuses one: no
+    restart would let it in (exit 2)."""
+    return ConfigurationError(
+        f"broker refused the login: {exc}; check the user and password of SEMEL_AMQP_URL"
+    )
 
 
 async def open_connection(
@@ -183,8 +191,9 @@ async def _first_answering(urls: list[URL]) -> AbstractConnection:
     for url in urls:
         try:
             return await aio_pika.connect(url, timeout=TOOL_CONNECT_TIMEOUT)
-        except ProbableAuthenticationError:
-            raise  # the nodes of a cluster share their users: no other would do better
+        except ProbableAuthenticationError as exc:
+            # The nodes of a cluster share their users: no other would do better.
+            raise login_refused(exc) from None
         except _UNREACHABLE as exc:
             if len(urls) == 1:
                 raise

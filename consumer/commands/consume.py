@@ -72,6 +72,7 @@ async def run_consumer(
         container.metrics().count_reconnects(connection)
         await declare(connection, container.topology())
         worker: Worker = await container.worker.async_()
+        await container.purger.async_()
         return await worker.run(stop or stop_on_signals())
     except AMQPError as exc:
         raise BrokerUnavailable(str(exc) or type(exc).__name__) from None

@@ -57,6 +57,10 @@ class Health:
         """``{"broker": up, "store": up}``."""
         return {"broker": self._broker_up(), "store": self._store_up()}
 
+    def stopped_for(self) -> str | None:
+        """Why consumption stopped until a restart; None while it runs (or may resume)."""
+        return None if self._store is None else self._store.stopped_for
+
     def broker_node(self) -> str | None:
         """``host:port`` of the broker node connected to; None while the broker is down."""
         connection = self._connection

@@ -51,6 +51,12 @@ class OperationsServer:
         path = target.split("?", 1)[0]
         if path == "/metrics":
             return HTTPStatus.OK, CONTENT_TYPE_LATEST, generate_latest(self._registry)
+        stopped = self._health.stopped_for()
+        if path in ("/healthz", "/readyz") and stopped is not None:
+            # Alive in name only: nothing is consumed until a restart, which is what
+            # a failing liveness probe brings about.
+            answer = {"status": "stopped", "reason": stopped}
+            return HTTPStatus.SERVICE_UNAVAILABLE, _JSON, orjson.dumps(answer)
         if path == "/healthz":
             return HTTPStatus.OK, _JSON, b'{"status":"alive"}'
         if path == "/readyz":

@@ -46,6 +46,14 @@ class MeteredStore(DelegatingStore):
         self._duration = meters.duration
         self._errors = meters.errors
         self._rejections = metrics.fence_rejections
+        self._stopped = metrics.consumption_stopped
+        self.stopped_for: str | None = None  # why consumption stopped until a restart
+
+    def consumption_stopped(self, why: str) -> None:
+        """Told by the worker when the store's set-up stops consumption for good: what
+        ``/readyz``, ``/healthz`` and ``semel_consumption_stopped`` report."""
+        self.stopped_for = why
+        self._stopped.set(1)
 
     async def _timed(self, operation: str, call: Awaitable[T]) -> T:
         started = time.perf_counter()

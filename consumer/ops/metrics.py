@@ -134,6 +134,16 @@ class Metrics:
             "Times the broker connection was re-established on another node than the one it lost.",
             registry=r,
         )
+        self.consumption_stopped = Gauge(
+            "semel_consumption_stopped",
+            "1 once consumption has stopped until a restart (the store is not set up for semel).",
+            registry=r,
+        )
+        self.keys_purged = Counter(
+            "semel_keys_purged_total",
+            "Expired keys deleted by the background purge.",
+            registry=r,
+        )
 
     def store_meters(self, backend: str) -> StoreMeters:
         """The duration and error children of ``backend``, one per operation."""

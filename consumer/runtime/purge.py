@@ -1,17 +1,22 @@
 """Retention: deleting keys past it and outbox messages sent longer ago than it.
 
 ``semel purge`` (:mod:`consumer.commands.store`) deletes everything due, in
-batches. In transactional mode the consumer also purges in the background: a
-bounded amount every few minutes, at an offset chosen at random so processes
-started together do not purge together (they would not collide: each batch
-skips rows another one locked).
-Redis and DynamoDB expire keys by themselves, so there is nothing to purge.
+batches. Every consumer also purges in the background (PostgreSQL, SQLite,
+transactional mode): a bounded amount every few minutes, at an offset chosen
+at random so processes started together do not purge together. Two that do
+are harmless: on PostgreSQL each batch skips the rows another one locked and
+checks expiry again as it deletes, on SQLite the write lock takes one
+statement at a time. Batches are small and each is its own short statement,
+so a claim never waits long behind one. Redis and DynamoDB expire keys by
+themselves, so there is nothing to purge.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from typing import Protocol, runtime_checkable
 
@@ -23,6 +28,7 @@ from stores.errors import StoreError
 PURGE_INTERVAL = 300.0  # seconds between background purges, at most
 BATCH = 1_000  # rows per DELETE, so no statement holds many locks for long
 BACKGROUND_BATCHES = 10  # DELETEs of each kind per background purge
+BACKGROUND_BATCH = 500  # rows per background DELETE: short beside the claims it runs among
 
 log = structlog.get_logger("semel.purge")
 
@@ -85,15 +91,41 @@ async def purge(store: Store, *, batch: int = BATCH, most: int | None = None) ->
     return PurgeReport(keys, messages, await store.unsent())
 
 
-async def purge_periodically(store: Store, interval: float) -> None:
-    """Purge a bounded amount every ``interval`` seconds until cancelled."""
+async def purge_periodically(
+    store: Store,
+    interval: float,
+    purged: Callable[[int], None] | None = None,
+    *,
+    batch: int = BACKGROUND_BATCH,
+) -> None:
+    """Purge a bounded amount every ``interval`` seconds until cancelled; ``purged``
+    is told how many keys each round deleted."""
     await asyncio.sleep(random.uniform(0, interval))
     while True:
         try:
-            report = await purge(store, most=BACKGROUND_BATCHES)
+            report = await purge(store, batch=batch, most=BACKGROUND_BATCHES)
         except StoreError as exc:  # unreachable or not set up: the next round tries again
             log.warning("purge skipped", error=str(exc))
         else:
+            if purged is not None and report.keys:
+                purged(report.keys)
             if report.keys or report.messages:
                 log.info("purged", **asdict(report))
         await asyncio.sleep(interval)
+
+
+async def background_purge(
+    store: Store, interval: float, purged: Callable[[int], None], enabled: bool = True
+) -> AsyncIterator[None]:
+    """The container's Resource: purge ``store`` in the background while the consumer
+    runs, if it keeps keys that need it; stopped before the store closes."""
+    if not enabled or not isinstance(store, PurgesKeys):
+        yield None
+        return
+    task = asyncio.create_task(purge_periodically(store, interval, purged))
+    try:
+        yield None
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Protocol, runtime_checkable
 
 import structlog
 from aio_pika.abc import AbstractConnection
@@ -29,6 +30,20 @@ RECOVERED_AFTER = 2 * PROBE_BACKOFF[1]
 BROKER_CHECK_INTERVAL = 1.0
 
 log = structlog.get_logger("semel.supervise")
+
+
+@runtime_checkable
+class ReportsStop(Protocol):
+    """A store that tells operations (readiness, a metric) consumption has stopped."""
+
+    def consumption_stopped(self, why: str) -> None: ...
+
+
+def announce_stop(store: Store, why: str) -> None:
+    """Let readiness and metrics know, through the worker's store, that consumption
+    stopped until a restart: a worker that does nothing must not look healthy."""
+    if isinstance(store, ReportsStop):
+        store.consumption_stopped(why)
 
 
 async def ping_until_up(store: Store, backoff: Backoff) -> None:
@@ -74,6 +89,7 @@ class StoreGate:
         if self.stopped_for is None:
             self.stopped_for = why
             log.error("store misconfigured: consumption stopped until restart", error=why)
+            announce_stop(self._store, why)
         self._down.set()
 
     async def watch(self, stopping: asyncio.Event) -> None:

@@ -30,6 +30,7 @@ import aio_pika
 from consumer.broker.topology import declare
 from consumer.container import topology_of
 from settings import Settings
+from settings.model import TRANSACTIONAL_CONNECTIONS
 from stores.base import Status, Store
 from tests.chaos.drain import Drain, statuses
 from tests.chaos.faults import (
@@ -154,6 +155,8 @@ def chaos_settings(
     """The run's settings; ``port``: reach the store there (a proxy) rather than directly."""
     prefetch = config.slow_prefetch if config.fault == SLOW else config.prefetch
     rolling = config.fault == ROLLING
+    if config.store == TRANSACTIONAL:  # a handler per connection: no more in flight
+        prefetch = min(prefetch, TRANSACTIONAL_CONNECTIONS)
     overrides: dict[str, Any] = {
         "amqp_url": node.url,
         "queue": f"chaos.{run}.work",

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 
 import orjson
+import psycopg
 import pytest
 
+from settings import Settings
+from tests.conftest import open_store
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
 from tests.consumer.harness import Broker, TcpProxy, eventually
 from tests.consumer.test_faults import through_proxy
@@ -95,3 +101,50 @@ async def test_readiness_follows_the_store(
 
 async def _equals(value: Callable[[], Awaitable[float]], expected: float) -> bool:
     return await value() == expected
+
+
+async def _drop_table(settings: Settings) -> None:
+    """The store's table gone under a running consumer: an operator's slip."""
+    if settings.store.value == "postgres":
+        async with await psycopg.AsyncConnection.connect(settings.postgres_dsn) as conn:
+            await conn.execute(f'DROP TABLE "{settings.postgres_table}"')
+            await conn.commit()
+    else:
+        with contextlib.closing(sqlite3.connect(settings.sqlite_path)) as conn:
+            conn.execute(f'DROP TABLE "{settings.postgres_table}"')
+            conn.commit()
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+async def test_a_worker_that_stopped_consuming_is_neither_ready_nor_alive(
+    consumer_settings: ConsumerSettings, broker: Broker, start_consumer: StartConsumer
+) -> None:
+    # The store still answers (PostgreSQL's ping is SELECT 1), but it is not set
+    # up for semel any more: consumption stops until a restart, and says so.
+    table = f"semel_gone_{uuid.uuid4().hex[:8]}"
+    settings = consumer_settings(postgres_table=table, metrics_port=free_port())
+    migrating = await open_store(settings)
+    await migrating.migrate()
+    await migrating.close()
+    ready = Readiness(settings.metrics_port)
+    consumer = await start_consumer(settings)
+    await broker.publish(settings, {"order": 1}, key="before")
+    await ready.turns(200, 10, broker="up", store="up")
+    samples = await scrape(settings.metrics_port)
+    assert samples.get("semel_consumption_stopped") == 0
+
+    await _drop_table(settings)
+    await broker.publish(settings, {"order": 2}, key="after")
+
+    async def stopped() -> bool:
+        answer = await http(settings.metrics_port, "/readyz")
+        return answer.status == 503 and orjson.loads(answer.body)["status"] == "stopped"
+
+    await eventually(stopped, 10, "/readyz 503, consumption stopped")
+    answer = orjson.loads((await http(settings.metrics_port, "/readyz")).body)
+    assert table in answer["reason"], answer
+    alive = await http(settings.metrics_port, "/healthz")  # for the orchestrator to restart it
+    assert alive.status == 503, alive
+    assert orjson.loads(alive.body)["status"] == "stopped"
+    assert (await scrape(settings.metrics_port)).get("semel_consumption_stopped") == 1
+    assert await consumer.finish() == 0

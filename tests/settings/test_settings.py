@@ -203,3 +203,30 @@ def test_as_env_round_trips(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in original.as_env().items():
         monkeypatch.setenv(name, value)
     assert load_settings() == original
+
+
+def test_no_handler_is_assumed() -> None:
+    assert load_settings().handler is None  # `semel consume` refuses to start without one
+
+
+@pytest.mark.parametrize(
+    ("delays", "attempts", "chain"),
+    [([1, 5, 30], 1, 0), ([1, 5, 30], 3, 6), ([1, 5, 30], 6, 96), ([2], 4, 6)],
+)
+def test_the_retry_chain_repeats_the_last_tier(
+    delays: list[float], attempts: int, chain: float
+) -> None:
+    settings = load_settings(retry_delays=delays, max_attempts=attempts)
+    assert settings.retry_chain() == chain
+
+
+def test_transactional_mode_defaults_its_prefetch_to_its_connections() -> None:
+    from settings.model import TRANSACTIONAL_CONNECTIONS
+    from stores.postgres_tx import POOL_MAX
+
+    assert POOL_MAX[1] == TRANSACTIONAL_CONNECTIONS  # one setting per connection of the pool
+    settings = load_settings(store="postgres", transactional=True)
+    assert settings.prefetch == TRANSACTIONAL_CONNECTIONS
+    assert load_settings(store="postgres", transactional=True, prefetch=8).prefetch == 8
+    with pytest.raises(ConfigError, match="SEMEL_PREFETCH: 33 is above the 32"):
+        load_settings(store="postgres", transactional=True, prefetch=33)
