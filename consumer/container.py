@@ -20,7 +20,7 @@ from dependency_injector import containers, providers
 
 from consumer.broker.connection import open_connection, open_tool_connection
 from consumer.broker.topology import TopologySpec
-from consumer.delivery.batching import batched
+from consumer.delivery.batching import BatchingStore, batched
 from consumer.delivery.decide import RetryPolicy
 from consumer.delivery.handler import Handler, load_handler
 from consumer.delivery.message import KeySource, MessageRules
@@ -223,6 +223,17 @@ async def bounded(store: Store) -> AsyncIterator[DeadlineStore]:
         await deadline.settle()
 
 
+async def batching(store: Store) -> AsyncIterator[Store]:
+    """``store`` behind the batcher; at shutdown, the releases of claims granted to
+    deliveries cancelled meanwhile are waited for while ``store`` is still open."""
+    outer = batched(store)
+    try:
+        yield outer
+    finally:
+        if isinstance(outer, BatchingStore):
+            await outer.settle()
+
+
 async def shutdown(container: Container) -> None:
     """Close every Resource that was started; a no-op when none was.
 
@@ -231,7 +242,8 @@ async def shutdown(container: Container) -> None:
     orders Resources by their direct arguments only, and the store is behind a
     Selector.
     """
-    for user in (container.health, container.purger, container.bounded_store):
+    users = (container.health, container.purger, container.batched_store, container.bounded_store)
+    for user in users:
         if user.initialized and (closing := user.shutdown()) is not None:
             await closing
     pending = container.shutdown_resources()
@@ -274,9 +286,8 @@ class Container(containers.DeclarativeContainer):
     # Innermost, every store call gets its deadline: a batch that hangs must
     # not hold up the deliveries queued behind it.
     bounded_store = providers.Resource(bounded, store)
-    metered_store = providers.Singleton(
-        MeteredStore, providers.Singleton(batched, bounded_store), metrics
-    )
+    batched_store = providers.Resource(batching, bounded_store)
+    metered_store = providers.Singleton(MeteredStore, batched_store, metrics)
     timed_handler = providers.Singleton(timed, handler, metrics)
     observer = providers.Singleton(
         traced, providers.Factory(MetricsObserver, metrics), settings.provided.queue

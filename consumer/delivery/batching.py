@@ -202,13 +202,18 @@ class BatchingStore(DelegatingStore):
         except Exception as exc:  # whatever it is, the lease still frees the key
             log.warning("orphaned claim not released", key=key, error=describe(exc))
 
-    async def close(self) -> None:
+    async def settle(self) -> None:
+        """Wait for the releases of orphaned claims (cancelled after a while), so none
+        is cut off by the store's close."""
         if self._releases:
             await asyncio.wait(set(self._releases), timeout=_RELEASE_WAIT)
         for task in list(self._releases):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    async def close(self) -> None:
+        await self.settle()
         await super().close()
 
     async def claim(self, key: str, fingerprint: str) -> Claim:
