@@ -86,6 +86,9 @@ class TcpProxy:
         except asyncio.CancelledError:
             pass  # closed by close(): the top of a connection's own task, nobody awaits it
         finally:
+            # A connection accepted while the link stalled never reached a pipe:
+            # closed here, or its socket is left to the garbage collector.
+            client_w.transport.abort()
             self._tasks.discard(task)
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
