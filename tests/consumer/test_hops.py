@@ -18,7 +18,7 @@ from aio_pika.abc import FieldValue
 from consumer.broker.delays import due_in
 from consumer.broker.settle import Settler
 from consumer.delivery.decide import NackToConflict
-from consumer.names import H_PARKED_AT, Topology
+from consumer.names import DELIVERY_LIMIT, H_PARKED_AT, Topology
 from settings import Settings
 from stores.base import Status, Store
 from tests.conftest import Rabbitmqctl
@@ -182,3 +182,33 @@ async def test_a_worker_killed_holding_delayed_messages_loses_none(
     assert sum((await broker.depths(settings)).values()) == 0
     for key in keys:
         assert len(runs(ledger, key)) == 1, key
+
+
+async def test_a_delay_message_handed_back_often_is_published_anew_not_dropped(
+    consumer_settings: ConsumerSettings,
+    broker: Broker,
+    store: Store,
+    ledger: Path,
+    start_consumer: StartConsumer,
+) -> None:
+    """Returns count against a quorum delay queue's delivery limit: a worker
+    stopping with the message in hand is one. At the limit the broker drops it."""
+    held = consumer_settings(conflict_delay=60.0)
+    names = Topology(held.queue)
+    await broker.declare(held)
+    await park_directly(broker, names.conflict_queue, "worn", int(time.time() * 1000))
+    returned = await broker.return_times(names.conflict_queue, DELIVERY_LIMIT - 1)
+    assert returned == DELIVERY_LIMIT - 1
+
+    async def taken() -> bool:
+        return await broker.depth(names.conflict_queue) == 0
+
+    for _ in range(2):  # workers stopping with it in hand: past the limit without a copy
+        consumer = await start_consumer(held)
+        await eventually(taken, 20, "held by the worker")
+        assert await consumer.finish() == 0
+        assert await broker.depth(names.conflict_queue) == 1
+    consumer = await start_consumer(consumer_settings(conflict_delay=0.2))
+    await eventually(lambda: status_is(store, "worn", Status.COMPLETED), 20, "worn completed")
+    await finished(consumer, broker, held, dead_letters=0)
+    assert len(runs(ledger, "worn")) == 1
