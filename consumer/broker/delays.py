@@ -121,6 +121,8 @@ class DelayReturns:
             copy, routing_key = fresh_copy(delivery), queue.name
         else:
             await asyncio.sleep(due_in(delivery.headers, queue.delay, time.time()))
+            if delivery.channel_closed:  # a reconnect meanwhile: redelivered on the new one
+                return
             copy, routing_key = returned_copy(delivery), self._work_queue
         backoff = Backoff(*UNCONFIRMED_BACKOFF)
         while not await publish_copy(exchange, copy, routing_key):
