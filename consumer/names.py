@@ -21,6 +21,9 @@ H_ORIGINAL_EXCHANGE = "x-semel-original-exchange"
 H_ORIGINAL_ROUTING_KEY = "x-semel-original-routing-key"
 H_FIRST_SEEN = "x-semel-first-seen"
 H_DEAD_LETTERED_AT = "x-semel-dead-lettered-at"
+# When a copy was published to a delay queue, in epoch milliseconds: it is due
+# back in Q one queue delay later (see consumer.broker.delays).
+H_PARKED_AT = "x-semel-parked-at"
 SEMEL_HEADER_PREFIX = "x-semel-"
 # Broker-written headers that must never be copied onto a re-published message.
 BROKER_HEADERS = (
@@ -49,18 +52,22 @@ CONFLICT_ROUTING_KEY = "conflict"
 
 # -- the broker's delivery count (quorum queues) --------------------------------------------
 DELIVERY_COUNT = "x-delivery-count"  # how often the broker has had the message returned
-# Q's delivery limit, declared so RabbitMQ 3.x (no limit unless set) and 4.x
-# (20 unless set) behave alike. The limit must never fire: the broker then
-# dead-letters to Q.retry.conflict with reason delivery_limit, and on the way
-# back to Q that hop closes a cycle with no rejection in it, which the broker
-# drops. It is the brake for returns semel never sees (a connection lost over
-# and over with deliveries still in its prefetch buffer).
+# The delivery limit of Q and of the delay queues, declared so RabbitMQ 3.x
+# (no limit unless set) and 4.x (20 unless set) behave alike. The limit must
+# never fire: Q then dead-letters to Q.retry.conflict (the one hop left to the
+# broker, better than a drop), a delay queue drops the message. It is the
+# brake for returns semel never sees (a connection lost over and over with
+# deliveries still in its prefetch buffer).
 DELIVERY_LIMIT = 100
 # A delivery that has come back this many times is not handed back to its
-# queue once more but parked in Q.retry.conflict: a dead-lettering, not a
-# return, so it comes back with its count at 0, far from any limit. Half of
-# RabbitMQ 4's default, so a queue declared without a limit is safe too.
+# queue once more but published anew (Q's to Q.retry.conflict, a delay
+# queue's to the same queue), so the broker's count starts again at 0, far
+# from any limit. Half of RabbitMQ 4's default, so a queue declared without
+# a limit is safe too.
 RETURNS_BEFORE_DETOUR = 10
+# How many messages one worker holds from each delay queue until they are due:
+# a delay queue returns at most this many per delay per worker.
+DELAY_PREFETCH = 1000
 
 
 def returns(headers: Mapping[str, Any]) -> int:

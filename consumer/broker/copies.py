@@ -1,4 +1,4 @@
-"""The messages semel re-publishes: retry copies and dead letters.
+"""The messages semel re-publishes: parked and retry copies, returns to Q, dead letters.
 
 Pure builders: an incoming delivery and a decision in, an ``aio_pika.Message``
 out. A copy keeps the producer's body and properties; it loses what the
@@ -8,13 +8,14 @@ broker headers, and it gains semel's own headers.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import aio_pika
 
 from consumer.delivery.decide import DeadLetter, Retry, bounded
-from consumer.delivery.facts import Facts, now_iso
+from consumer.delivery.facts import Facts, first_seen, now_iso, origin
 from consumer.delivery.message import Incoming
 from consumer.names import (
     BROKER_HEADERS,
@@ -25,6 +26,7 @@ from consumer.names import (
     H_KEY,
     H_ORIGINAL_EXCHANGE,
     H_ORIGINAL_ROUTING_KEY,
+    H_PARKED_AT,
     H_REASON,
 )
 
@@ -60,6 +62,30 @@ def fresh_copy(message: Incoming) -> aio_pika.Message:
     return copy_message(message, carried_headers(message.headers))
 
 
+def parked_at_now() -> dict[str, Any]:
+    return {H_PARKED_AT: int(time.time() * 1000)}
+
+
+def parked_copy(message: Incoming, queue: str) -> aio_pika.Message:
+    """A fresh copy of a delivery of ``queue`` for the conflict queue, stamped with
+    when it was parked; it carries the producer's route and when semel first saw it."""
+    headers = message.headers
+    route = origin(headers, message.exchange or "", message.routing_key or "", queue)
+    kept = {
+        H_FIRST_SEEN: first_seen(headers),
+        H_ORIGINAL_EXCHANGE: route.exchange,
+        H_ORIGINAL_ROUTING_KEY: route.routing_key,
+    }
+    return copy_message(message, carried_headers(headers) | kept | parked_at_now())
+
+
+def returned_copy(message: Incoming) -> aio_pika.Message:
+    """A delay queue's message on its way back to Q: the parking stamp has done its job."""
+    headers = carried_headers(message.headers)
+    headers.pop(H_PARKED_AT, None)
+    return copy_message(message, headers)
+
+
 def _semel_headers(facts: Facts, attempts: int) -> dict[str, Any]:
     return {
         H_ATTEMPTS: attempts,
@@ -71,7 +97,7 @@ def _semel_headers(facts: Facts, attempts: int) -> dict[str, Any]:
 
 def retry_copy(message: Incoming, facts: Facts, decision: Retry) -> aio_pika.Message:
     headers = carried_headers(message.headers) | _semel_headers(facts, decision.next_attempt)
-    return copy_message(message, headers)
+    return copy_message(message, headers | parked_at_now())
 
 
 def dead_letter_copy(message: Incoming, facts: Facts, decision: DeadLetter) -> aio_pika.Message:

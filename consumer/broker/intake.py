@@ -93,6 +93,11 @@ class AmqpDelivery:
     def app_id(self) -> str | None:
         return self._properties.app_id
 
+    @property
+    def channel_closed(self) -> bool:
+        """Whether its channel is gone: the broker has the message back."""
+        return bool(self._message.channel.is_closed)
+
     def _settle(self) -> AbstractChannel:
         if self._settled:
             raise AlreadySettled(f"delivery {self.delivery_tag} is settled already")

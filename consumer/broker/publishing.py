@@ -13,6 +13,7 @@ import asyncio
 from enum import StrEnum
 
 import aio_pika
+import structlog
 from aio_pika.abc import AbstractExchange
 from aiormq.exceptions import AMQPError, DeliveryError, PublishError
 from pamqp.commands import Basic
@@ -22,6 +23,8 @@ from consumer.names import CONFIRM_TIMEOUT
 # Raised when the channel or connection is gone or the confirm never came:
 # the message may or may not have reached the broker.
 BROKER_TROUBLE = (AMQPError, ConnectionError, RuntimeError, asyncio.TimeoutError)
+
+log = structlog.get_logger("semel.publish")
 
 
 class Published(StrEnum):
@@ -55,3 +58,26 @@ async def publish_confirmed(
         return Published.NACKED
     # A channel without on_return_raises hands a returned message back as the answer.
     return Published.CONFIRMED if isinstance(answer, Basic.Ack) else Published.RETURNED
+
+
+async def publish_copy(
+    exchange: AbstractExchange, copy: aio_pika.Message, routing_key: str
+) -> bool:
+    """Publish a copy of a delivery in hand; whether the broker confirmed it.
+
+    Anything but a confirm is logged and answered ``False``: the caller keeps
+    the original (it is never ACKed without its copy).
+    """
+    try:
+        published = await publish_confirmed(exchange, copy, routing_key)
+    except BROKER_TROUBLE as exc:
+        log.warning(
+            "copy not confirmed", exchange=exchange.name, routing_key=routing_key, error=repr(exc)
+        )
+        return False
+    if published is not Published.CONFIRMED:
+        log.warning(
+            "copy not taken", exchange=exchange.name, routing_key=routing_key, answer=published
+        )
+        return False
+    return True

@@ -1,12 +1,13 @@
 """Settling deliveries of the work queue: the only place that acks, nacks or re-publishes them.
 
-Retry copies and dead letters go out through the one confirmed publish
+Parked and retry copies and dead letters go out through the one confirmed publish
 (:func:`consumer.broker.publishing.publish_confirmed`), and the original is
 ACKed only after the broker confirmed the copy. A copy that comes back
 unroutable, is NACKed by the broker or is not confirmed in time leaves the
 original un-ACKed: it is handed back (``nack(requeue=True)``), so a message
-is never in neither place. The pipeline decides the order; this module only
-carries out each step.
+is never in neither place. No hop is left to the broker's dead-lettering: an
+in-progress conflict is parked in ``Q.retry.conflict`` as a confirmed copy
+too. The pipeline decides the order; this module only carries out each step.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import asyncio
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractExchange
 
-from consumer.broker.copies import dead_letter_copy, fresh_copy, retry_copy
-from consumer.broker.publishing import BROKER_TROUBLE, Published, publish_confirmed
+from consumer.broker.copies import dead_letter_copy, parked_copy, retry_copy
+from consumer.broker.publishing import BROKER_TROUBLE, publish_copy
 from consumer.delivery.decide import (
     Applied,
     Copied,
@@ -64,34 +65,24 @@ class Settler:
             exchange = self._retry_exchange
             routing_key = self._names.tier_routing_key(decision.delay)
         elif isinstance(decision, Detour):
-            copy = fresh_copy(message)
-            exchange, routing_key = self._retry_exchange, self._names.conflict_routing_key
+            return await self.park(message)
         else:
             copy = dead_letter_copy(message, facts, decision)
             exchange, routing_key = self._dead_letter_exchange, DLQ_ROUTING_KEY
-        try:
-            published = await publish_confirmed(exchange, copy, routing_key)
-        except BROKER_TROUBLE as exc:
-            log.warning(
-                "copy not confirmed",
-                exchange=exchange.name,
-                routing_key=routing_key,
-                error=repr(exc),
-            )
-            return False
-        if published is not Published.CONFIRMED:
-            log.warning(
-                "copy not taken", exchange=exchange.name, routing_key=routing_key, answer=published
-            )
-            return False
-        return True
+        return await publish_copy(exchange, copy, routing_key)
+
+    async def park(self, message: Incoming) -> bool:
+        """Publish a fresh copy of ``message`` to ``Q.retry.conflict``; whether it was confirmed."""
+        copy = parked_copy(message, self._names.queue)
+        return await publish_copy(self._retry_exchange, copy, self._names.conflict_routing_key)
 
     async def finish(self, message: Incoming, decision: Settle) -> Applied:
         """Ack or nack ``message`` as ``decision`` says; a copied one is acked."""
         match decision:
             case NackToConflict():
-                # The work queue's dead-letter exchange routes this to Q.retry.conflict.
-                return await _nack(message, decision.outcome, requeue=False)
+                if not await self.park(message):
+                    return await self.give_back(message)
+                return await _ack(message, decision.outcome)
             case Requeue():
                 return await _nack(message, decision.outcome, requeue=True)
             case _:  # Ack, or a Retry / DeadLetter whose copy the broker confirmed

@@ -1,11 +1,17 @@
 """Declaring semel's exchanges and queues, idempotently, at start-up.
 
-Delay queues use a queue-level TTL (a per-message TTL would block the head of
-the queue behind a longer one) and dead-letter back to the work queue through
-the default exchange by queue name, so other queues bound to the producers'
-exchange never see a retry. Quorum queues dead-letter at-least-once, which
-needs ``x-overflow=reject-publish``; no dead-lettering step can then drop a
-message.
+The delay queues (``Q.retry.conflict``, ``Q.retry.<N>s``) have no TTL and no
+dead-letter exchange: semel's workers consume them and publish each message
+back to Q when it is due (:mod:`consumer.broker.delays`), so no message waits
+on the broker's dead-lettering, which strands messages under leader churn on
+quorum queues and is at-most-once on classic ones. A delay queue an earlier
+semel declared with a TTL and a dead-letter exchange is used as it is (its
+``legacy`` arguments): the workers drain it the same way, and what its TTL
+still expires reaches Q as before.
+
+Q keeps its dead-letter exchange (to ``Q.retry.conflict``, at-least-once on
+quorum queues): semel no longer rejects into it, but if the delivery limit
+ever fired, a dead-lettered message is better than a dropped one.
 
 The work queue's delivery limit is declared (``names.DELIVERY_LIMIT``) so 3.x
 and 4.x agree. A queue that an earlier semel declared without one is used as
@@ -56,6 +62,9 @@ class QueueSpec:
     routing_keys: tuple[str, ...]
     # Arguments an existing queue may lack (declared by an earlier semel).
     may_lack: tuple[str, ...] = ()
+    # The arguments an earlier semel declared it with, if they differ: such a
+    # queue is used as it is.
+    legacy: dict[str, Any] | None = None
 
     def lacks_only_optional(self, reply: str) -> bool:
         """Whether the broker refused the declaration only because the existing
@@ -73,26 +82,28 @@ def _queue_args(spec: TopologySpec, **extra: Any) -> dict[str, Any]:
 
 
 def _delay_queue(spec: TopologySpec, name: str, ttl_s: float, routing_key: str) -> QueueSpec:
+    # Held messages a crashed worker hands back count as returns: the limit is
+    # declared (RabbitMQ 4 would apply 20), and a delay consumer re-publishes a
+    # message that has come back often (names.RETURNS_BEFORE_DETOUR).
+    limit = {DELIVERY_LIMIT_ARG: DELIVERY_LIMIT} if spec.quorum else {}
+    legacy = {
+        "x-message-ttl": int(ttl_s * 1000),
+        "x-dead-letter-exchange": DEFAULT_EXCHANGE,
+        "x-dead-letter-routing-key": spec.queue,
+    }
     return QueueSpec(
         name=name,
-        arguments=_queue_args(
-            spec,
-            **{
-                "x-message-ttl": int(ttl_s * 1000),
-                "x-dead-letter-exchange": DEFAULT_EXCHANGE,
-                "x-dead-letter-routing-key": spec.queue,
-            },
-        ),
+        arguments=_queue_args(spec, **limit),
         exchange=spec.names.retry_exchange,
         routing_keys=(routing_key,),
+        legacy=_queue_args(spec, **legacy),
     )
 
 
 def queue_specs(spec: TopologySpec) -> list[QueueSpec]:
     """Every queue semel declares, in declaration order (targets first)."""
     names = spec.names
-    # A NACK without requeue is an in-progress conflict: it waits in the
-    # conflict queue and comes back.
+    # Only the broker's delivery limit dead-letters from Q (see above).
     work_args: dict[str, Any] = {
         "x-dead-letter-exchange": names.retry_exchange,
         "x-dead-letter-routing-key": names.conflict_routing_key,
@@ -129,6 +140,8 @@ async def _declare_queue(connection: AbstractConnection, spec: QueueSpec) -> Non
         try:
             queue = await channel.declare_queue(spec.name, durable=True, arguments=spec.arguments)
         except ChannelPreconditionFailed as exc:
+            if spec.legacy is not None and await _declared_as_before(connection, spec):
+                return
             if not spec.lacks_only_optional(_reply_text(exc)):
                 raise TopologyMismatch(f"queue {spec.name!r}: {_reply_text(exc)}") from None
             # The broker names the first difference only: the rest must still match.
@@ -147,6 +160,29 @@ async def _declare_queue(connection: AbstractConnection, spec: QueueSpec) -> Non
             )
         for key in spec.routing_keys:
             await queue.bind(spec.exchange, routing_key=key)
+    finally:
+        if not channel.is_closed:
+            await channel.close()
+
+
+async def _declared_as_before(connection: AbstractConnection, spec: QueueSpec) -> bool:
+    """Whether ``spec``'s queue exists with its ``legacy`` arguments (then bound and used)."""
+    assert spec.legacy is not None
+    channel = await connection.channel()
+    try:
+        queue = await channel.declare_queue(spec.name, durable=True, arguments=spec.legacy)
+    except ChannelPreconditionFailed:
+        return False
+    try:
+        log.warning(
+            "delay queue declared by an earlier semel; using it as it is",
+            queue=spec.name,
+            hint="its TTL still sends what no worker holds back to the work queue; "
+            "nothing to do (see the README's upgrade note)",
+        )
+        for key in spec.routing_keys:
+            await queue.bind(spec.exchange, routing_key=key)
+        return True
     finally:
         if not channel.is_closed:
             await channel.close()

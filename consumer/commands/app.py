@@ -2,8 +2,8 @@
 
 Each group lives in a module of its own and adds itself with ``register(app)``:
 :mod:`~consumer.commands.consume`, :mod:`~consumer.commands.store` (migrate,
-inspect, purge), :mod:`~consumer.commands.publish` and
-:mod:`~consumer.commands.dlq`. Exit codes: 0 success, 2 bad usage or
+inspect, purge), :mod:`~consumer.commands.publish`, :mod:`~consumer.commands.dlq`
+and :mod:`~consumer.commands.queues`. Exit codes: 0 success, 2 bad usage or
 configuration, 1 anything else (:mod:`consumer.errors`).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import typer
 
-from consumer.commands import consume, dlq, publish, store
+from consumer.commands import consume, dlq, publish, queues, store
 
 app = typer.Typer(
     name="semel",
@@ -21,7 +21,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for group in (store, consume, publish, dlq):
+for group in (store, consume, publish, dlq, queues):
     group.register(app)
 
 

@@ -22,6 +22,7 @@ import structlog
 import typer
 from aiormq.exceptions import AMQPError
 
+from consumer.broker.delays import DelayReturns
 from consumer.broker.topology import declare
 from consumer.commands.common import fail
 from consumer.container import Container, shutdown
@@ -73,7 +74,11 @@ async def run_consumer(
         await declare(connection, container.topology())
         worker: Worker = await container.worker.async_()
         await container.purger.async_()
-        return await worker.run(stop or stop_on_signals())
+        delays = await DelayReturns.start(connection, container.topology())
+        try:
+            return await worker.run(stop or stop_on_signals())
+        finally:
+            await delays.stop()
     except AMQPError as exc:
         raise BrokerUnavailable(str(exc) or type(exc).__name__) from None
     finally:

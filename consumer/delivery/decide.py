@@ -116,7 +116,7 @@ class Ack:
 
 @dataclass(frozen=True, slots=True)
 class NackToConflict:
-    """Someone else owns the key; the broker parks the message in ``Q.retry.conflict``."""
+    """Someone else owns the key: a confirmed copy waits in ``Q.retry.conflict``, then the ACK."""
 
     outcome: Outcome = Outcome.IN_PROGRESS
     error: str | None = None  # the handler's failure, when its claim was lost meanwhile

@@ -22,7 +22,7 @@ from aio_pika.abc import AbstractRobustConnection
 
 from consumer.broker.intake import Intake
 from consumer.broker.settle import Settler
-from consumer.delivery.decide import Outcome, Requeue
+from consumer.delivery.decide import NackToConflict, Outcome, Requeue
 from consumer.delivery.handler import Handler
 from consumer.delivery.message import Incoming
 from consumer.delivery.observe import Observer
@@ -75,6 +75,7 @@ class Worker:
         self._accepting = False
         self._pipeline: Pipeline | None = None
         self._gate: StoreGate | None = None
+        self._settler: Settler | None = None
 
     async def run(self, stop: asyncio.Event) -> int:
         """Consume until ``stop`` is set (exit 0) or the broker stays away (exit 1).
@@ -87,7 +88,7 @@ class Worker:
         consuming = await self._connection.channel(publisher_confirms=False)
         await consuming.set_qos(prefetch_count=config.prefetch)
         publishing = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
-        settler = await Settler.open(publishing, names)
+        self._settler = settler = await Settler.open(publishing, names)
         self._pipeline = Pipeline(
             store=self._store,
             handler=self._handler,
@@ -181,11 +182,12 @@ class Worker:
         except asyncio.CancelledError:
             raise
         except Exception:
-            # A bug, not a bad message: park it in the conflict queue (nothing
-            # lost) and let it come back after the conflict delay.
+            # A bug, not a bad message: park a copy in the conflict queue
+            # (nothing lost) and let it come back after the conflict delay.
             log.exception("delivery failed unexpectedly", delivery_tag=message.delivery_tag)
             with contextlib.suppress(Exception):
-                await message.nack(requeue=False)
+                assert self._settler is not None
+                await self._settler.finish(message, NackToConflict())
             return
         if isinstance(decision, Requeue) and decision.store_down:
             if decision.outcome is Outcome.STORE_MISCONFIGURED:

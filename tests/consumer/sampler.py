@@ -1,13 +1,20 @@
-"""Watching queue depths while a test runs, to see messages pass through delay queues."""
+"""Watching queue depths while a test runs, to see messages pass through delay queues.
+
+The workers take a delay queue's messages as they arrive and hold them
+unacknowledged until due, so its ready depth mostly stays 0: the sampler also
+counts what the in-process consumers' delay consumers take from each queue.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aio_pika
 
+from consumer.broker.delays import DelayReturns
 from consumer.broker.topology import queue_specs
 from consumer.container import topology_of
 from settings import Settings
@@ -40,9 +47,17 @@ class DepthSampler:
 async def sampling(settings: Settings) -> AsyncIterator[DepthSampler]:
     sampler = DepthSampler()
     task = asyncio.create_task(sampler._sample(settings))
+    on_message = DelayReturns._on_message
+
+    async def taken(self: DelayReturns, queue: Any, delivery: Any) -> None:
+        sampler.peak[queue.name] = max(sampler.peak.get(queue.name, 0), 1)
+        await on_message(self, queue, delivery)
+
+    DelayReturns._on_message = taken  # type: ignore[method-assign]
     try:
         yield sampler
     finally:
+        DelayReturns._on_message = on_message  # type: ignore[method-assign]
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -11,7 +12,7 @@ from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-from consumer.broker.copies import dead_letter_copy, retry_copy
+from consumer.broker.copies import dead_letter_copy, parked_copy, retry_copy, returned_copy
 from consumer.delivery.decide import DeadLetter, Retry, bounded
 from consumer.delivery.facts import Facts, Origin, first_seen
 from consumer.names import (
@@ -24,6 +25,7 @@ from consumer.names import (
     H_KEY,
     H_ORIGINAL_EXCHANGE,
     H_ORIGINAL_ROUTING_KEY,
+    H_PARKED_AT,
     H_REASON,
     Reason,
 )
@@ -62,8 +64,11 @@ def test_a_retry_copy_counts_the_attempt_and_drops_broker_headers() -> None:
         user_id="someone-else",
         app_id="shop",
     )
+    before = int(time.time() * 1000)
     copy = retry_copy(message, FACTS, Retry(delay=5, next_attempt=3, error="E: x"))
-    assert copy.headers == {
+    headers = dict(copy.headers)
+    assert before <= cast(int, headers.pop(H_PARKED_AT)) <= int(time.time() * 1000)
+    assert headers == {
         "Idempotency-Key": "k-1",
         "trace": "t1",
         H_ATTEMPTS: 3,
@@ -133,3 +138,15 @@ def test_now_iso_is_isoformat_to_the_millisecond() -> None:
         assert text == parsed.isoformat(timespec="milliseconds")
         assert parsed.tzinfo is not None
         assert abs((parsed - before).total_seconds()) < 1
+
+
+def test_a_parked_copy_is_stamped_and_its_return_to_q_is_not() -> None:
+    message = incoming({"Idempotency-Key": "k-1", "trace": "t1", **BROKER_WRITTEN})
+    parked = parked_copy(message, "q")
+    route = {H_ORIGINAL_EXCHANGE: "", H_ORIGINAL_ROUTING_KEY: "q"}  # as delivered
+    assert parked.headers.keys() == {"Idempotency-Key", "trace", H_PARKED_AT, H_FIRST_SEEN, *route}
+    returned = returned_copy(incoming(dict(parked.headers)))
+    back = dict(returned.headers)
+    assert back.pop(H_FIRST_SEEN) == parked.headers[H_FIRST_SEEN]
+    assert back == {"Idempotency-Key": "k-1", "trace": "t1"} | route
+    assert returned.delivery_mode is aio_pika.DeliveryMode.PERSISTENT

@@ -136,8 +136,10 @@ async def test_the_work_queue_declares_its_delivery_limit(
     arguments = await queue_arguments(rabbitmqctl, settings.queue)
     assert arguments["x-delivery-limit"] == DELIVERY_LIMIT
     names = Topology(settings.queue)
-    for queue in (names.dead_letter_queue, names.conflict_queue):
-        assert "x-delivery-limit" not in await queue_arguments(rabbitmqctl, queue)
+    # Delay queues too: a worker holding their messages until due may die.
+    arguments = await queue_arguments(rabbitmqctl, names.conflict_queue)
+    assert arguments["x-delivery-limit"] == DELIVERY_LIMIT
+    assert "x-delivery-limit" not in await queue_arguments(rabbitmqctl, names.dead_letter_queue)
 
 
 def earlier_work_queue(settings: Settings, **changed: Any) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from settings import ConfigError, load_settings
 from stores.base import Status, Store
 from tests.conftest import SettingsFactory, open_store
 from tests.consumer.harness import Broker, InProcessConsumer, eventually
+from tests.consumer.sampler import sampling
 from tests.consumer.test_delivery import finished, settle_all, status_is
 from tests.transactional.conftest import Downstream, rows
 
@@ -137,14 +138,15 @@ async def test_a_delivery_meeting_a_locked_key_row_waits_in_the_conflict_queue(
     assert await store.release("k", claim.fence)  # claimable, but its row is locked below
     consumer = await start(settings, broker)
     conflicts = Topology(settings.queue).conflict_queue
-    async with db.transaction():
+    async with sampling(settings) as sampler, db.transaction():
         table = sql.Identifier(settings.postgres_table)
         lock = sql.SQL("SELECT 1 FROM {} WHERE key = %s FOR UPDATE").format(table)
         await db.execute(lock, (store.config.namespaced("k"),))
         await broker.publish(settings, body, key="k")
 
+        # A worker takes it from the conflict queue at once and holds it until due.
         async def parked() -> bool:
-            return await broker.depth(conflicts) == 1
+            return sampler.saw(conflicts) >= 1
 
         await eventually(parked, 5, "the delivery parked in the conflict queue")
     await eventually(lambda: status_is(store, "k", Status.COMPLETED), 10, "'k' completed later")
