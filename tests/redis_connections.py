@@ -22,6 +22,7 @@ import contextlib
 import functools
 import gc
 import sys
+import sysconfig
 import traceback
 import weakref
 from collections.abc import Callable, Generator, Iterator
@@ -34,8 +35,8 @@ import redis.asyncio.connection
 import redis.connection
 
 FRAMES = 8
-"""Frames of the opening stack shown: the innermost ones in this project's code."""
-_PROJECT = str(Path(__file__).resolve().parents[1])
+"""Frames of the opening stack shown: the innermost ones outside the libraries."""
+_LIBRARIES = tuple({sysconfig.get_paths()[kind] for kind in ("stdlib", "purelib", "platlib")})
 _SELF = str(Path(__file__).resolve())
 
 
@@ -59,13 +60,11 @@ def _is_open(connection: Any) -> bool:
 
 
 def _where() -> str:
-    """The opening task, and the innermost frames of this thread's stack in the project."""
+    """The opening task, and the innermost frames of its stack outside the libraries."""
     frames = [
         frame
         for frame in traceback.extract_stack(sys._getframe(1), limit=60)
-        if frame.filename.startswith(_PROJECT)
-        and frame.filename != _SELF
-        and "/.venv/" not in frame.filename
+        if not frame.filename.startswith((*_LIBRARIES, "<")) and frame.filename != _SELF
     ]
     try:
         task = asyncio.current_task()
