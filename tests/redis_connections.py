@@ -35,8 +35,13 @@ import redis.asyncio.connection
 import redis.connection
 
 FRAMES = 8
-"""Frames of the opening stack shown: the innermost ones outside the libraries."""
-_LIBRARIES = tuple({sysconfig.get_paths()[kind] for kind in ("stdlib", "purelib", "platlib")})
+"""Frames of the opening stack shown outside the libraries: the innermost ones."""
+LIBRARY_FRAMES = 12
+"""Frames inside the libraries shown, one line each, under the innermost of the others:
+which redis-py call opened the connection (a pool's, a sentinel's)."""
+_LIBRARIES = tuple(
+    {sysconfig.get_paths()[kind] for kind in ("stdlib", "purelib", "platlib", "scripts")}
+)
 _SELF = str(Path(__file__).resolve())
 
 
@@ -60,18 +65,31 @@ def _is_open(connection: Any) -> bool:
 
 
 def _where() -> str:
-    """The opening task, and the innermost frames of its stack outside the libraries."""
+    """The opening task, and the innermost frames of its stack: outside the libraries, then
+    in them."""
     frames = [
         frame
         for frame in traceback.extract_stack(sys._getframe(1), limit=60)
-        if not frame.filename.startswith((*_LIBRARIES, "<")) and frame.filename != _SELF
+        if frame.filename != _SELF and not frame.filename.startswith("<")
     ]
+    ours = [i for i, frame in enumerate(frames) if not frame.filename.startswith(_LIBRARIES)]
+    inner = frames[ours[-1] + 1 :] if ours else frames
     try:
         task = asyncio.current_task()
     except RuntimeError:  # no loop: a blocking client's connection
         task = None
     head = f"opened in {task.get_name()} ({task.get_coro()!r})" if task else "opened"
-    return head + " at\n" + "".join(traceback.format_list(frames[-FRAMES:]))
+    lines = traceback.format_list([frames[i] for i in ours[-FRAMES:]])
+    lines += [
+        f"    > {_in_library(f.filename)}:{f.lineno} {f.name}\n" for f in inner[-LIBRARY_FRAMES:]
+    ]
+    return head + " at\n" + "".join(lines)
+
+
+def _in_library(filename: str) -> str:
+    """``filename`` from its library's root: ``redis/asyncio/sentinel.py``."""
+    root = next((lib for lib in _LIBRARIES if filename.startswith(lib)), "")
+    return filename[len(root) :].lstrip("/")
 
 
 class Tracker:
