@@ -194,6 +194,46 @@ def _node(line: str) -> ClusterNode:
     )
 
 
+def sentinel(root: Path, name: str, primary_port: int) -> Server:
+    """A sentinel (not started) watching :data:`SERVICE`'s primary on ``primary_port``."""
+    port = free_port()
+    workdir = root / f"{name}-{port}"
+    workdir.mkdir(parents=True)
+    config = workdir / "sentinel.conf"  # sentinels rewrite their configuration
+    config.write_text(
+        f"port {port}\nbind {HOST}\ndir {workdir}\nlogfile sentinel.log\n"
+        f"sentinel monitor {SERVICE} {HOST} {primary_port} 2\n"
+        f"sentinel down-after-milliseconds {SERVICE} 1000\n"
+        f"sentinel failover-timeout {SERVICE} 3000\n"
+        f"sentinel parallel-syncs {SERVICE} 1\n"
+    )
+    return Server(port, workdir, [str(config), "--sentinel"])
+
+
+class AstraySentinel(Topology):
+    """One sentinel watching a primary that is not there: it says :data:`SERVICE`'s primary
+    is down, as the first sentinel to see a primary die does while the others still
+    name it."""
+
+    def start(self) -> AstraySentinel:
+        nobody = free_port()  # nothing listens there
+        self.sentinel = sentinel(self.root, "astray", nobody)
+        self.servers.append(self.sentinel)
+        self.sentinel.start()
+
+        def says_down() -> bool:
+            with self.sentinel.client() as client:
+                return bool(client.sentinel_master(SERVICE)["is_sdown"])
+
+        until(says_down, "the astray sentinel calling the primary down")
+        return self
+
+    def clients(self) -> int:
+        """Connections the sentinel has open, this question's own left out."""
+        with self.sentinel.client() as client:
+            return len(client.client_list()) - 1
+
+
 class SentinelSet(Topology):
     """A primary, one replica, and 3 sentinels watching them under :data:`SERVICE`."""
 
@@ -207,18 +247,7 @@ class SentinelSet(Topology):
         return self
 
     def _sentinel(self, i: int, primary_port: int) -> Server:
-        port = free_port()
-        workdir = self.root / f"sentinel{i}-{port}"
-        workdir.mkdir(parents=True)
-        config = workdir / "sentinel.conf"  # sentinels rewrite their configuration
-        config.write_text(
-            f"port {port}\nbind {HOST}\ndir {workdir}\nlogfile sentinel.log\n"
-            f"sentinel monitor {SERVICE} {HOST} {primary_port} 2\n"
-            f"sentinel down-after-milliseconds {SERVICE} 1000\n"
-            f"sentinel failover-timeout {SERVICE} 3000\n"
-            f"sentinel parallel-syncs {SERVICE} 1\n"
-        )
-        server = Server(port, workdir, [str(config), "--sentinel"])
+        server = sentinel(self.root, f"sentinel{i}", primary_port)
         self.servers.append(server)
         return server.start()
 
@@ -320,7 +349,7 @@ class SentinelSet(Topology):
 @contextlib.contextmanager
 def running(topology: T) -> Iterator[T]:
     """``topology`` started, and stopped whatever happens."""
-    assert isinstance(topology, Cluster | SentinelSet)
+    assert isinstance(topology, Cluster | SentinelSet | AstraySentinel)
     try:
         topology.start()
         yield topology
