@@ -17,7 +17,8 @@ from stores.redis import open_store
 from stores.redis_pools import sentinel_pool
 from stores.redis_url import parse
 from tests.redis_process import HOST
-from tests.redis_servers import SERVICE, AstraySentinel, SentinelSet, running
+from tests.redis_sentinels import SERVICE, AstraySentinel
+from tests.redis_servers import SentinelSet, running
 
 pytestmark = pytest.mark.timeout(10)
 
