@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import BlockingConnectionPool
 from redis.asyncio.connection import AbstractConnection, SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import (
+    MasterNotFoundError,
     Sentinel,
     SentinelConnectionPool,
     SentinelManagedConnection,
     SentinelManagedSSLConnection,
 )
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from stores.redis_url import RedisTarget
 
@@ -57,6 +60,38 @@ def server_pool(url: str, connections: int) -> BlockingConnectionPool:
 
 SENTINEL_POLL = 1.0
 """Seconds between two questions to the sentinels about where the primary is."""
+
+
+class Sentinels(Sentinel):
+    """redis-py's client of the sentinels, asked by several connections at once.
+
+    Its ``discover_master`` asks the sentinels in turn and moves the one that
+    named the primary to the front by swapping list positions taken before its
+    wait for the answer. Connections opened at once while the first sentinel
+    calls the primary down (the first to see it die, during a failover) all ask
+    the next one; once one of them has moved it to the front, the next swap
+    writes it twice and drops the first sentinel from the list: never asked
+    again, never closed, its open connections left for the garbage collector.
+    Here each caller goes through the sentinels as they were when it began, and
+    the one that answered is moved to the front by identity, in one step.
+    """
+
+    async def discover_master(self, service_name: str) -> tuple[str, int]:
+        errors = []
+        for sentinel in list(self.sentinels):
+            try:
+                # Parsed into a dict by primary name (its type says a list may come too).
+                masters = cast(dict[str, Any], await sentinel.sentinel_masters())
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                errors.append(f"{sentinel} - {exc!r}")
+                continue
+            state = masters.get(service_name)
+            if state and self.check_master_state(state, service_name):
+                self.sentinels.remove(sentinel)
+                self.sentinels.insert(0, sentinel)
+                return state["ip"], state["port"]
+        said = f" : {', '.join(errors)}" if errors else ""
+        raise MasterNotFoundError(f"No master found for {service_name!r}{said}")
 
 
 class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
@@ -122,7 +157,7 @@ def sentinel_pool(target: RedisTarget, connections: int) -> BlockingSentinelPool
     if tls:
         asking |= {k: v for k, v in kwargs.items() if k.startswith("ssl")}
         asking["ssl"] = True
-    sentinels = Sentinel(list(target.hosts), sentinel_kwargs=asking)  # type: ignore[no-untyped-call]
+    sentinels = Sentinels(list(target.hosts), sentinel_kwargs=asking)  # type: ignore[no-untyped-call]
     connection = SentinelManagedSSLConnection if tls else SentinelManagedConnection
     return BlockingSentinelPool(  # type: ignore[no-untyped-call]
         target.service, sentinels, connection_class=connection, **options, **kwargs

@@ -16,7 +16,7 @@ import pytest
 from consumer.container import store_options
 from settings import Settings
 from stores.base import Store
-from tests import rabbitmq4, redis_servers, servers
+from tests import rabbitmq4, redis_connections, redis_servers, servers
 
 POSTGRES_DSN = "postgresql://localhost/test"
 
@@ -60,6 +60,11 @@ def redis_sentinel() -> Iterator[redis_servers.SentinelSet]:
 # variable too, so child processes (the chaos run) follow the same lane.
 RABBITMQ_LANES = ("3", "4")
 RABBITMQ_ENV = "SEMEL_TEST_RABBITMQ"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A test that leaves a redis-py connection open fails itself, not a later one.
+    config.pluginmanager.register(redis_connections.Plugin(), "redis-connections")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

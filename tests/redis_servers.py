@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from tests.redis_process import HOST, Server, Topology, data_options, until
+from tests.redis_sentinels import SERVICE, AstraySentinel, sentinel_server
 from tests.servers import free_port
 
-SERVICE = "semel-test"  # the primary's name under Sentinel
 NODE_TIMEOUT_MS = 1000
 
 T = TypeVar("T")
@@ -207,18 +207,7 @@ class SentinelSet(Topology):
         return self
 
     def _sentinel(self, i: int, primary_port: int) -> Server:
-        port = free_port()
-        workdir = self.root / f"sentinel{i}-{port}"
-        workdir.mkdir(parents=True)
-        config = workdir / "sentinel.conf"  # sentinels rewrite their configuration
-        config.write_text(
-            f"port {port}\nbind {HOST}\ndir {workdir}\nlogfile sentinel.log\n"
-            f"sentinel monitor {SERVICE} {HOST} {primary_port} 2\n"
-            f"sentinel down-after-milliseconds {SERVICE} 1000\n"
-            f"sentinel failover-timeout {SERVICE} 3000\n"
-            f"sentinel parallel-syncs {SERVICE} 1\n"
-        )
-        server = Server(port, workdir, [str(config), "--sentinel"])
+        server = sentinel_server(self.root, f"sentinel{i}", primary_port)
         self.servers.append(server)
         return server.start()
 
@@ -320,7 +309,7 @@ class SentinelSet(Topology):
 @contextlib.contextmanager
 def running(topology: T) -> Iterator[T]:
     """``topology`` started, and stopped whatever happens."""
-    assert isinstance(topology, Cluster | SentinelSet)
+    assert isinstance(topology, Cluster | SentinelSet | AstraySentinel)
     try:
         topology.start()
         yield topology

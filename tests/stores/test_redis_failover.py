@@ -19,17 +19,7 @@ from tests.conftest import StoreFactory
 from tests.redis_servers import Cluster, SentinelSet
 from tests.stores.race import decided
 
-pytestmark = [
-    pytest.mark.timeout(180),
-    # Under load a failover has left a connection of redis-py's (a node's or a
-    # sentinel's) for the garbage collector, whose warning then lands in whichever
-    # test runs next. Its source is not found yet; these tests
-    # check the store's answers, so a socket closed late is not made an error here.
-    pytest.mark.filterwarnings(
-        "ignore:Exception ignored in. <(socket.socket|function (StreamWriter|_SelectorTransport"
-        "|AbstractConnection).__del__):pytest.PytestUnraisableExceptionWarning"
-    ),
-]
+pytestmark = pytest.mark.timeout(180)
 
 FP = "f" * 64
 RECOVERY = 20.0  # seconds the store may take to write again once a replica was promoted
