@@ -108,6 +108,9 @@ class Pipeline:
         self._settler = settler
         self._config = config
         self._observer = observer or Observer()
+        # Tasks of deliveries whose handler has ended: a stop lets them record
+        # the outcome and settle (see :meth:`concluding`).
+        self._concluding: set[asyncio.Task[Any]] = set()
         self._pressure = Pressure(
             config.in_flight, config.lock_ttl * PRESSURE_TARGET, self._observer.admitting
         )
@@ -128,6 +131,13 @@ class Pipeline:
             finally:
                 self._pressure.leave(admitted_at)
 
+    def concluding(self, task: asyncio.Task[Any]) -> bool:
+        """Whether ``task``'s handler has ended and its outcome is being recorded and
+        settled. A stop must not cut such a delivery short: the key would be held
+        for nobody until its lease ran out, and then the work it did would run
+        again (seen with plain handlers ending just as a rolling restart began)."""
+        return task in self._concluding
+
     async def _claimed(self, delivery: Delivery, parsed: Parsed) -> Settle:
         step = await self._claim(delivery, parsed)
         if not isinstance(step, Lease):
@@ -146,6 +156,8 @@ class Pipeline:
             await self._release(step, renewal)
             raise
         finally:
+            if (task := asyncio.current_task()) is not None:
+                self._concluding.discard(task)
             await renewal.stop()
 
     def _read(self, message: Incoming) -> tuple[Delivery, Parsed | BadMessage]:
@@ -221,14 +233,16 @@ class Pipeline:
         except asyncio.CancelledError:
             await self._cut_short(delivery, renewal)
             raise
-        except LeaseLost:
-            # Release nothing: the key belongs to the worker that took it over.
-            return NackToConflict(Outcome.LEASE_LOST)
-        except StoreError as exc:  # the lease could not be kept
-            return decide_store_error(exc)
-        except Exception as exc:  # the handler failed (or timed out): retry or dead-letter
+        except Exception as exc:
+            self._conclude()
             return await self._record_failure(delivery, renewal, exc)
+        self._conclude()
         return await self._record_success(lease, result)
+
+    def _conclude(self) -> None:
+        """The handler has ended: from here a stop lets the delivery finish."""
+        if (task := asyncio.current_task()) is not None:
+            self._concluding.add(task)
 
     async def _record_success(self, lease: Lease, result: Any) -> Settle:
         stored_form = storable(self._store, lease.key, result)
@@ -247,6 +261,12 @@ class Pipeline:
         return decide_after_success(stored)
 
     async def _record_failure(self, delivery: Delivery, renewal: Renewal, exc: Exception) -> Settle:
+        if isinstance(exc, LeaseLost):
+            # Release nothing: the key belongs to the worker that took it over.
+            return NackToConflict(Outcome.LEASE_LOST)
+        if isinstance(exc, StoreError):  # the lease could not be kept
+            return decide_store_error(exc)
+        # The handler failed (or timed out): retry or dead-letter.
         decision = decide_after_failure(exc, delivery.facts.attempt, self._config.retry)
         if isinstance(decision, DeadLetter):
             # Ownership is checked before the dead letter, and the key marked

@@ -206,7 +206,11 @@ class Worker:
         pending = set(self._tasks)
         if not pending:
             return
-        log.warning("cutting handlers short, releasing their claims", count=len(pending))
-        for task in pending:
+        # A delivery whose handler has ended is only recording and settling
+        # its outcome: it is waited for like the others, never cut short.
+        pipeline = self._pipeline
+        running = {t for t in pending if pipeline is None or not pipeline.concluding(t)}
+        log.warning("cutting handlers short, releasing their claims", count=len(running))
+        for task in running:
             task.cancel()
         await asyncio.wait(pending, timeout=_CUT_SHORT_WAIT)

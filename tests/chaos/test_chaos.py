@@ -44,7 +44,7 @@ pytestmark = [
 
 STORES = ["sqlite", "postgres", "redis", "dynamodb", TRANSACTIONAL]
 BLACKHOLE_STORE = "postgres"
-ROLLING_STORE = "redis"
+ROLLING_STORE = "postgres"
 
 
 @pytest.fixture(scope="module")
@@ -147,12 +147,12 @@ async def test_plain_handlers_run_no_key_twice_under_rolling_restarts(
     config = ChaosConfig(
         store=ROLLING_STORE,
         fault=ROLLING,
-        messages=300,
+        messages=600,
         workers=2,
-        kills=2,
+        kills=6,
         terms=6,
-        seed=7,
-        rate=30,
+        seed=1,
+        rate=60,
         drain_deadline=60,
         keep=tmp_path,
     )

@@ -255,3 +255,32 @@ async def test_broker_drop_reconnects_and_a_long_absence_exits_1(
     finally:
         await proxy.cut()
     assert await broker.depth(settings.queue) == 0
+
+
+@pytest.mark.parametrize("backend", ["postgres", "redis"])
+async def test_a_stop_lets_a_delivery_whose_handler_ended_record_its_outcome(
+    consumer_settings: ConsumerSettings, broker: Broker, store: Store, ledger: Path
+) -> None:
+    # The stop comes while the completion is on its way: cutting that short
+    # would leave the key held for nobody, and its work would run again.
+    settings = consumer_settings(shutdown_grace=0.01, lock_ttl=KEPT_LEASE)
+    faulty = FaultyStore(await open_store(settings))
+    faulty.slow_completions["ended"] = 1.5
+    consumer = InProcessConsumer(settings, faulty)
+    consumer.container.bounded_store.override(providers.Object(faulty))
+    await consumer.start(broker, settings)
+    try:
+        await broker.publish(settings, {}, key="ended")
+
+        async def ended() -> bool:
+            return len(runs(ledger, "ended", "end")) == 1
+
+        await eventually(ended, 10, "the handler ended")
+        assert await consumer.finish() == 0
+        assert await status_is(store, "ended", Status.COMPLETED)
+        assert await broker.depth(settings.queue) == 0  # ACKed, not handed back
+    finally:
+        if consumer.task is not None and not consumer.task.done():
+            consumer.stop.set()
+            await asyncio.wait({consumer.task}, timeout=30)
+        await faulty.close()
