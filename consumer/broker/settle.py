@@ -81,18 +81,23 @@ class Settler:
         match decision:
             case NackToConflict():
                 if not await self.park(message):
-                    return await self.give_back(message)
+                    # Handed back instead of parked: the outcome is still the
+                    # conflict's (in progress, fenced out, lease lost), which
+                    # says why the handler did not complete.
+                    return await self.give_back(message, decision.outcome)
                 return await _ack(message, decision.outcome)
             case Requeue():
                 return await _nack(message, decision.outcome, requeue=True)
             case _:  # Ack, or a Retry / DeadLetter whose copy the broker confirmed
                 return await _ack(message, decision.outcome)
 
-    async def give_back(self, message: Incoming) -> Applied:
+    async def give_back(
+        self, message: Incoming, outcome: Outcome = Outcome.COPY_UNCONFIRMED
+    ) -> Applied:
         """Hand ``message`` back after its copy failed, a moment later: an unroutable
         or refused copy would otherwise loop between this worker and the broker."""
         await asyncio.sleep(UNCONFIRMED_PAUSE)
-        return await _nack(message, Outcome.COPY_UNCONFIRMED, requeue=True)
+        return await _nack(message, outcome, requeue=True)
 
 
 async def _ack(message: Incoming, outcome: Outcome) -> Applied:

@@ -17,7 +17,7 @@ from aio_pika.abc import FieldValue
 
 from consumer.broker.delays import due_in
 from consumer.broker.settle import Settler
-from consumer.delivery.decide import NackToConflict
+from consumer.delivery.decide import NackToConflict, Outcome
 from consumer.names import DELIVERY_LIMIT, H_PARKED_AT, Topology
 from settings import Settings
 from stores.base import Status, Store
@@ -94,6 +94,35 @@ async def test_an_in_progress_conflict_is_parked_as_a_confirmed_copy(
     assert before <= stamp <= int(time.time() * 1000)
     assert parked.body == delivery.body
     assert await broker.depth(settings.queue) == 0
+
+
+async def test_a_conflict_that_cannot_be_parked_is_handed_back_under_its_own_outcome(
+    consumer_settings: ConsumerSettings, broker: Broker
+) -> None:
+    # The copy is unroutable (the conflict queue's binding is gone): the
+    # delivery goes back to Q, and the log and metrics still say why the
+    # handler did not complete, as they did when the broker dead-lettered it.
+    settings = consumer_settings()
+    names = Topology(settings.queue)
+    await broker.declare(settings)
+    conflict = await broker.channel.declare_queue(names.conflict_queue, passive=True)
+    await conflict.unbind(names.retry_exchange, names.conflict_routing_key)
+    await broker.publish(settings, {"n": 1}, key="taken")
+    work = await broker.channel.declare_queue(settings.queue, passive=True)
+    delivery = await work.get(no_ack=False, timeout=5)
+    publisher = await broker.connection.channel(publisher_confirms=True, on_return_raises=True)
+    settler = await Settler.open(publisher, names)
+
+    applied = await settler.finish(delivery, NackToConflict(Outcome.FENCED_OUT))
+
+    assert (applied.outcome, applied.frame, applied.sent) == (Outcome.FENCED_OUT, "nack", True)
+    assert applied.logged == "fenced-out"
+    await publisher.close()
+
+    async def back_in_q() -> bool:
+        return await broker.depth(settings.queue) == 1
+
+    await eventually(back_in_q, 5, "the delivery back in Q")
 
 
 def test_when_a_parked_message_is_due_is_bounded_by_the_queue_delay() -> None:
