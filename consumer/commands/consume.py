@@ -54,10 +54,10 @@ async def run_consumer(
     """
     container = container or Container()
     configure(container.logs())  # a bad setting fails here, before anything opens
+    container.handler()  # so does a handler that is not set or cannot load
     try:
         # Served first, so /healthz answers while the store and the broker are awaited.
         health: Health = await container.health.async_()
-        container.handler()  # a handler that cannot load stops us before any connection
         # Opened before the broker, so a store error stops start-up early. A
         # test's Object override is not awaitable; the backend Resource is.
         store = container.store()
