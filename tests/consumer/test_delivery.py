@@ -79,8 +79,9 @@ async def status(store: Store, key: str) -> Status | None:
     return None if record is None else record.status
 
 
-async def settle_all(broker: Broker, settings: Settings, dead_letters: int) -> None:
-    """Wait until ``Q.dlq`` holds ``dead_letters`` and every other queue stays empty.
+async def settle_all(broker: Broker, settings: Settings, dead_letters: int | None) -> None:
+    """Wait until ``Q.dlq`` holds ``dead_letters`` (``None``: any number) and every
+    other queue stays empty.
 
     A delivery being processed shows in no depth, and a conflict copy is
     invisible for a moment on its way to the conflict queue; so the queues
@@ -100,10 +101,11 @@ async def settle_all(broker: Broker, settings: Settings, dead_letters: int) -> N
             return
 
 
-async def only_dead_letters(broker: Broker, settings: Settings, dead_letters: int) -> bool:
+async def only_dead_letters(broker: Broker, settings: Settings, dead_letters: int | None) -> bool:
     dlq = Topology(settings.queue).dead_letter_queue
     depths = await broker.depths(settings)
-    return depths[dlq] == dead_letters and sum(depths.values()) == dead_letters
+    expected = depths[dlq] if dead_letters is None else dead_letters
+    return depths[dlq] == expected and sum(depths.values()) == expected
 
 
 async def finished(

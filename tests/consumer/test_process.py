@@ -60,6 +60,10 @@ async def test_a_message_that_kills_its_worker_every_time_ends_as_poison(
             if worker.exited() is not None:
                 assert worker.exited() == 3, worker.output()  # killed by its handler
                 deaths += 1
+        # A worker that dies just after a delay queue's hop back to Q (its ACK
+        # not yet on the wire) leaves the message in both: a second copy, which
+        # the store answers. A poison key's copy is dead-lettered again.
+        await settle_all(broker, settings, dead_letters=None)
         survivor = started[-1]
         survivor.signal(signal.SIGTERM)
         assert await survivor.wait() == 0, survivor.output()
@@ -68,8 +72,8 @@ async def test_a_message_that_kills_its_worker_every_time_ends_as_poison(
     fences = [e["fence"] for e in runs(ledger, "killer")]
     assert fences == [fences[0], fences[0] + 1, fences[0] + 2]  # each death, a takeover
     assert await status_is(store, "killer", Status.FAILED)
-    (letter,) = await broker.dead_letters(settings)
-    assert (letter.reason, letter.key) == ("poison", "killer")
+    letters = await broker.dead_letters(settings)
+    assert {(letter.reason, letter.key) for letter in letters} == {("poison", "killer")}
     assert await only_dead_letters(broker, settings, 0)
 
 
