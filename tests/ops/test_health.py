@@ -152,7 +152,9 @@ async def test_a_busy_port_stops_start_up_with_one_line_and_exit_1() -> None:
             async with endpoint(port, Metrics()):
                 pass
         container = Container()
-        container.settings.override(providers.Object(Settings(metrics_port=port)))
+        container.settings.override(
+            providers.Object(Settings(metrics_port=port, handler="consumer.examples:order_paid"))
+        )
         with pytest.raises(SemelError) as stopped:
             await run_consumer(container, asyncio.Event())
     assert stopped.value.exit_code == EXIT_FAILURE
