@@ -19,13 +19,14 @@ from typing import Any
 from dependency_injector import containers, providers
 
 from consumer.broker.connection import open_connection, open_tool_connection
-from consumer.broker.topology import TopologySpec
+from consumer.broker.topology import TopologySpec, queue_specs
 from consumer.delivery.batching import BatchingStore, batched
 from consumer.delivery.decide import RetryPolicy
 from consumer.delivery.handler import Handler, load_handler
 from consumer.delivery.message import KeySource, MessageRules
 from consumer.delivery.pipeline import PipelineConfig
 from consumer.errors import ConfigurationError, HandlerLoadError
+from consumer.ops.held import held_watcher
 from consumer.ops.httpd import open_operations
 from consumer.ops.logs import LogSetup
 from consumer.ops.metered import MeteredStore
@@ -166,6 +167,10 @@ def pipeline_config(settings: Settings) -> PipelineConfig:
     )
 
 
+def queue_names(topology: TopologySpec) -> list[str]:
+    return [spec.name for spec in queue_specs(topology)]
+
+
 def purge_interval(settings: Settings) -> float:
     # Never longer than retention, or expired rows would outlast it.
     return min(PURGE_INTERVAL, settings.retention)
@@ -242,7 +247,13 @@ async def shutdown(container: Container) -> None:
     orders Resources by their direct arguments only, and the store is behind a
     Selector.
     """
-    users = (container.health, container.purger, container.batched_store, container.bounded_store)
+    users = (
+        container.health,
+        container.purger,
+        container.held,
+        container.batched_store,
+        container.bounded_store,
+    )
     for user in users:
         if user.initialized and (closing := user.shutdown()) is not None:
             await closing
@@ -300,6 +311,14 @@ class Container(containers.DeclarativeContainer):
         providers.Callable(purge_interval, settings),
         metrics.provided.keys_purged.inc,
         providers.Callable(purges_in_background, settings),
+    )
+    # Messages the broker holds for dead-lettering, as a metric, if the
+    # management API is configured.
+    held = providers.Resource(
+        held_watcher,
+        settings.provided.management_url,
+        providers.Callable(queue_names, topology),
+        metrics.provided.held,
     )
 
     # The transactional worker is another class, picked by the same key as its store.

@@ -181,6 +181,9 @@ class Settings(BaseSettings):
     shutdown_grace: Seconds = 30.0
     broker_give_up: Seconds = 300.0
     metrics_port: int = Field(9464, ge=0, le=65535)
+    # The management API, for `semel queues` and semel_queue_messages_dlx; a
+    # worker asks it only when this is set (the plugin may not run).
+    management_url: str | None = Field(None, pattern=r"^https?://")
     log_format: LogFormat = LogFormat.CONSOLE
     # Routine deliveries (processed, duplicate) are logged at debug: a line
     # per message costs more than the rest of a duplicate's processing.

@@ -71,7 +71,13 @@ cluster_partition_handling = pause_minority
 disk_free_limit.absolute = 50MB
 log.console = false
 log.file.level = info
+management.tcp.ip = {ip}
+management.tcp.port = {management_port}
+collect_statistics_interval = 500
 """
+# The management plugin runs on every node: only its API counts the messages a
+# quorum queue holds for dead-lettering (messages_dlx), which a run checks.
+MANAGEMENT_PORT = 15672
 
 
 class ClusterUnavailable(RuntimeError):
@@ -132,6 +138,10 @@ class ClusterNode:
     @property
     def url(self) -> str:
         return f"amqp://guest:guest@{self.ip}:{AMQP_PORT}/"
+
+    @property
+    def management_url(self) -> str:
+        return f"http://guest:guest@{self.ip}:{MANAGEMENT_PORT}/"
 
     def env(self) -> dict[str, str]:
         home = str(self.home)
@@ -273,8 +283,10 @@ class RabbitCluster:
         cookie = secrets.token_hex(16).upper()  # this cluster's alone: no other node can join
         for node in self.nodes:
             node.home.mkdir()
-            (node.home / "rabbitmq.conf").write_text(CONFIG.format(ip=node.ip, port=AMQP_PORT))
-            (node.home / "enabled_plugins").write_text("[].\n")
+            (node.home / "rabbitmq.conf").write_text(
+                CONFIG.format(ip=node.ip, port=AMQP_PORT, management_port=MANAGEMENT_PORT)
+            )
+            (node.home / "enabled_plugins").write_text("[rabbitmq_management].\n")
             (node.home / "rabbitmq-env.conf").write_text("")
             (node.home / ".erlang.cookie").write_text(cookie)
             (node.home / ".erlang.cookie").chmod(0o400)

@@ -74,6 +74,7 @@ async def run_consumer(
         await declare(connection, container.topology())
         worker: Worker = await container.worker.async_()
         await container.purger.async_()
+        await container.held.async_()
         delays = await DelayReturns.start(connection, container.topology())
         try:
             return await worker.run(stop or stop_on_signals())

@@ -58,7 +58,11 @@ def queues_command(
 
     async def run(container: Container) -> list[QueueState]:
         settings = container.settings()
-        url = management_url or management_url_of(settings.amqp_addresses[0])
+        url = (
+            management_url
+            or settings.management_url
+            or management_url_of(settings.amqp_addresses[0])
+        )
         names = [spec.name for spec in queue_specs(container.topology())]
         try:
             return await asyncio.to_thread(queue_states, url, names)

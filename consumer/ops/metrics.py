@@ -144,6 +144,14 @@ class Metrics:
             "Expired keys deleted by the background purge.",
             registry=r,
         )
+        # Created per queue on the first look: only when SEMEL_MANAGEMENT_URL is set.
+        self._held = Gauge(
+            "semel_queue_messages_dlx",
+            "Messages the broker holds for dead-lettering in one of semel's queues "
+            "(the management API's messages_dlx); no consumer can take them.",
+            ["queue"],
+            registry=r,
+        )
 
     def store_meters(self, backend: str) -> StoreMeters:
         """The duration and error children of ``backend``, one per operation."""
@@ -151,6 +159,10 @@ class Metrics:
             {op: self._store_duration.labels(op, backend) for op in STORE_OPERATIONS},
             {op: self._store_errors.labels(op, backend) for op in STORE_OPERATIONS},
         )
+
+    def held(self, queue: str, count: int) -> None:
+        """Set ``semel_queue_messages_dlx`` of ``queue`` (one of semel's own, a closed set)."""
+        self._held.labels(queue).set(count)
 
     def count_reconnects(self, connection: ClusterConnection) -> None:
         """Count every reconnect of ``connection``, and those that moved to another node."""

@@ -48,7 +48,7 @@ class Order:
         return orjson.dumps(self.body)
 
 
-def _body(n: int, rng: random.Random) -> dict[str, Any]:
+def order_body(n: int, rng: random.Random) -> dict[str, Any]:
     # Mostly short handlers, a tail of slow ones: a few ms to a few hundred ms.
     work = rng.randint(5, 60) if rng.random() < 0.7 else rng.randint(60, 300)
     body: dict[str, Any] = {
@@ -78,7 +78,7 @@ def plan(messages: int, duplicates: float, run: str, rng: random.Random) -> list
         copies[index] += 1
     for index in rng.choices(range(distinct), k=extra - concurrent):
         late[index] += 1
-    return [Order(f"{run}-{n}", _body(n, rng), copies[n], late[n]) for n in range(distinct)]
+    return [Order(f"{run}-{n}", order_body(n, rng), copies[n], late[n]) for n in range(distinct)]
 
 
 @dataclass(slots=True)

@@ -2,8 +2,9 @@
 
 Usage::
 
-    python -m tests.cluster [--faults leader-kill,rolling,partition,publish|all]
+    python -m tests.cluster [--faults leader-kill,rolling,partition,storm,publish|all]
                             [--messages N] [--rate R] [--seed S] [--keep DIR]
+                            [--queue-type quorum|classic|both] [--repeat N]
 
 It starts a cluster of three RabbitMQ nodes on this machine, each in its own
 network namespace (:mod:`tests.rabbit_cluster`; root needed), and a private
@@ -26,8 +27,17 @@ again until the cluster confirms it. The faults (:mod:`tests.cluster.faults`):
   worker connected to it from outside has given it up; then the link comes
   up. Worker 0 runs beside node 1, inside its namespace: the partition cuts
   it off from the other nodes and from the store;
+- ``storm``: three workers, a conflict-heavy stream (most copies concurrent,
+  several per key at once; default 70 a second), a worker SIGKILLed every 2 s,
+  and the node leading the work queue SIGKILLed at a fifth and at a half of
+  the flow, each time started again 8 s later (:mod:`tests.cluster.storm`).
+  When the queues look drained, the management API must count no message
+  held for dead-lettering in any of semel's queues;
 - ``publish``: ``semel publish --count 3000 --rate 300`` against the cluster;
   the node its connection is on is SIGKILLed once 30 % are in the queue.
+
+``--queue-type`` runs the node faults on quorum queues (the default), classic
+ones, or both; ``--repeat N`` runs each N times in a row, seeds S, S+1, ...
 
 Then it waits until every key is completed or dead-lettered and prints one
 table. A ledger outside the store records every handler execution (the
@@ -56,14 +66,21 @@ from pathlib import Path
 
 from rich.console import Console
 
+from settings import QueueType
 from tests.cluster.faults import FAULTS
 from tests.cluster.publish import PublishProof, publish_through_a_node_death
 from tests.cluster.run import ClusterConfig, ClusterReport, run_cluster
+from tests.cluster.storm import STORM
 from tests.cluster.table import publish_table, runs_table, timelines
 from tests.rabbit_cluster import RabbitCluster, missing
 
 PUBLISH = "publish"
-CHOICES = (*FAULTS, PUBLISH)
+CHOICES = (*FAULTS, STORM, PUBLISH)
+QUEUE_TYPES: dict[str, tuple[QueueType, ...]] = {
+    "quorum": (QueueType.QUORUM,),
+    "classic": (QueueType.CLASSIC,),
+    "both": (QueueType.QUORUM, QueueType.CLASSIC),
+}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -77,9 +94,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", type=Path, help="keep ledgers and worker logs here")
+    parser.add_argument("--queue-type", choices=sorted(QUEUE_TYPES), default="quorum")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each fault, in a row")
     args = parser.parse_args(argv)
-    if args.messages < 100 or (args.rate is not None and args.rate <= 0):
-        parser.error("need --messages >= 100 and --rate > 0")
+    if args.messages < 100 or (args.rate is not None and args.rate <= 0) or args.repeat < 1:
+        parser.error("need --messages >= 100, --rate > 0 and --repeat >= 1")
     return args
 
 
@@ -107,10 +126,20 @@ async def run_all(
                 with tempfile.TemporaryDirectory(prefix="semel-pub-") as workdir:
                     proof = await publish_through_a_node_death(cluster, Path(workdir))
                 continue
-            config = ClusterConfig(
-                fault=fault, messages=args.messages, rate=args.rate, seed=args.seed, keep=args.keep
-            )
-            reports.append(await run_cluster(config, cluster))
+            for queue_type in QUEUE_TYPES[args.queue_type]:
+                for turn in range(args.repeat):
+                    keep = None
+                    if args.keep is not None:
+                        keep = args.keep / f"{queue_type}-{turn + 1}"
+                    config = ClusterConfig(
+                        fault=fault, messages=args.messages, rate=args.rate,
+                        seed=args.seed + turn, queue_type=queue_type, keep=keep,
+                    )  # fmt: skip
+                    report = await run_cluster(config, cluster)
+                    logging.getLogger("semel.cluster").info(
+                        "%s run %d: %s", report.label, turn + 1, "PASS" if report.ok else "FAIL"
+                    )
+                    reports.append(report)
     finally:
         cluster.stop()
     return cluster.started_in, reports, proof

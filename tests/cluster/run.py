@@ -36,7 +36,8 @@ import aio_pika
 
 from consumer.broker.topology import declare
 from consumer.container import topology_of
-from settings import Settings
+from consumer.delivery.decide import Outcome
+from settings import QueueType, Settings
 from tests.chaos.drain import Drain
 from tests.chaos.ledger import LEDGER_ENV, read_runs
 from tests.chaos.processes import private_dir
@@ -55,6 +56,7 @@ from tests.cluster.faults import (
     rolling,
 )
 from tests.cluster.placement import BesideNode, Endpoint, failovers, place
+from tests.cluster.storm import STORM, conflict_plan, held_for_dead_lettering, kill_workers, storm
 from tests.conftest import open_store, settings_env
 from tests.consumer.harness import Broker
 from tests.rabbit_cluster import ClusterNode, RabbitCluster
@@ -68,34 +70,45 @@ class ClusterConfig:
     fault: str
     messages: int = 2000
     duplicates: float = 0.4  # share of the messages that are copies
-    # Messages per second, copies included; None: 100, or 50 for a rolling
-    # restart, whose three restarts take about 30 s and must all meet traffic.
+    # Messages per second, copies included; None: 100, 50 for a rolling
+    # restart, whose three restarts take about 30 s and must all meet traffic,
+    # and 70 for the storm, whose two kills and restarts must too.
     rate: float | None = None
     seed: int = 1
+    queue_type: QueueType = QueueType.QUORUM
     prefetch: int = 32
     lock_ttl: float = 2.5
     conflict_delay: float = 0.75
     retry_delays: tuple[float, ...] = (0.25, 0.75)
-    down: float = 5.0  # seconds a killed or stopped node stays down
+    # Seconds a killed or stopped node stays down; None: 5, 8 in the storm.
+    node_down: float | None = None
+    worker_kills_every: float = 2.0  # the storm's SIGKILLs of workers
     fault_at: float | None = None  # share of the flow before the fault; None: 0.25 (0.08 rolling)
     drain_deadline: float = 120.0
     keep: Path | None = None  # copy the ledger and worker logs here
 
     @property
     def workers(self) -> int:
-        return 3 if self.fault == PARTITION else 2
+        return 3 if self.fault in (PARTITION, STORM) else 2
 
     @property
     def pace(self) -> float:
         if self.rate is not None:
             return self.rate
-        return 50.0 if self.fault == ROLLING else 100.0
+        return {ROLLING: 50.0, STORM: 70.0}.get(self.fault, 100.0)
+
+    @property
+    def down(self) -> float:
+        if self.node_down is not None:
+            return self.node_down
+        return 8.0 if self.fault == STORM else 5.0
 
     @property
     def start_at(self) -> float:
         if self.fault_at is not None:
             return self.fault_at
-        return 0.08 if self.fault == ROLLING else 0.25
+        # The storm times its two kills itself, from the start of the flow.
+        return {ROLLING: 0.08, STORM: 0.0}.get(self.fault, 0.25)
 
 
 @dataclass(slots=True)
@@ -104,6 +117,11 @@ class ClusterReport:
     sent: Sent
     verdict: Verdict
     record: FaultRecord
+    queue_type: QueueType = QueueType.QUORUM
+    worker_kills: int = 0
+    conflicts: int = 0  # deliveries that met their key in progress and were parked
+    # messages_dlx of each queue the moment the queues looked drained (the storm only)
+    held: dict[str, int] | None = None
     placed: dict[int, str] = field(default_factory=dict)  # slot -> node before the fault
     placement_restarts: int = 0
     failovers: dict[int, float | None] = field(default_factory=dict)
@@ -118,7 +136,18 @@ class ClusterReport:
 
     @property
     def ok(self) -> bool:
-        return self.drained and self.verdict.ok and self.exits == 0 and self.overlaps == 0
+        nothing_held = self.held is None or not any(self.held.values())
+        return (
+            self.drained
+            and self.verdict.ok
+            and self.exits == 0
+            and self.overlaps == 0
+            and nothing_held
+        )
+
+    @property
+    def label(self) -> str:
+        return f"{self.fault} ({self.queue_type})" if self.fault == STORM else self.fault
 
 
 class ClusterPublisher(Publisher):
@@ -170,6 +199,7 @@ def cluster_settings(
         "shutdown_grace": 5,
         "broker_give_up": 120,
         "prefetch": config.prefetch,
+        "queue_type": config.queue_type,
         "metrics_port": 0,
         "log_format": "json",
         "log_level": "debug",  # the verdict reads every settled line
@@ -184,6 +214,8 @@ async def _declare_on(node: ClusterNode, settings: Settings, cluster: RabbitClus
         await declare(connection, topology_of(settings))
     finally:
         await connection.close()
+    if settings.queue_type is QueueType.CLASSIC:
+        return  # a classic queue lives on the node it was declared through
     leader = await cluster.leader(settings.queue)
     if leader is not node:
         raise RuntimeError(f"{settings.queue}'s leader is on {leader}, not {node.name}")
@@ -229,7 +261,8 @@ async def run_cluster(config: ClusterConfig, cluster: RabbitCluster) -> ClusterR
         await wait_for_consumers(observer, settings.queue, config.workers, 60)
         await observer.close()  # the fault may take its node: a fresh one drains
 
-        orders = plan(config.messages, config.duplicates, run, rng)
+        making = conflict_plan if config.fault == STORM else plan
+        orders = making(config.messages, config.duplicates, run, rng)
         flow = sum(1 + order.copies for order in orders) / config.pace
         log.info("%s: %d workers on %s; publishing for about %.0fs", config.fault,
                  config.workers, placed, flow)  # fmt: skip
@@ -237,19 +270,29 @@ async def run_cluster(config: ClusterConfig, cluster: RabbitCluster) -> ClusterR
         publisher = ClusterPublisher([node.url for node in cluster.nodes], settings.exchange)
         stack.push_async_callback(publisher.close)
         record = FaultRecord()
+        traffic_over = asyncio.Event()
+        held = None
         try:
             producing = asyncio.ensure_future(
                 produce(publisher, orders, config.pace, done_checker(store), rng)
             )
+            producing.add_done_callback(lambda _: traffic_over.set())
             producing.add_done_callback(lambda _: setattr(record, "traffic_ended", time.time()))
             fault = _fault(config, cluster, settings, endpoints, placed, record, flow)
-            await asyncio.gather(producing, fault)
+            kills = (
+                kill_workers(pool, rng, config.worker_kills_every, traffic_over)
+                if config.fault == STORM
+                else asyncio.sleep(0)
+            )
+            await asyncio.gather(producing, fault, kills)
             sent = producing.result()
             log.info("producer done (%d confirmed); draining", sent.total)
             observer = await Broker.connect(second.url)
             stack.push_async_callback(observer.close)
             drain = Drain(observer, store, settings, [order.key for order in orders])
             drained = await drain.until_settled(config.drain_deadline)
+            if config.fault == STORM:  # at once: what looks drained must hold nothing back
+                held = await held_for_dead_lettering(second, settings)
             found_failovers = await failovers(endpoints)
         finally:
             supervisor.cancel()
@@ -257,6 +300,7 @@ async def run_cluster(config: ClusterConfig, cluster: RabbitCluster) -> ClusterR
         await drain.final()
         report = _report(config, orders, sent, pool, drain, record)
         report.placed, report.placement_restarts = placed, restarts
+        report.queue_type, report.held = config.queue_type, held
         report.failovers = found_failovers
         report.drained, report.left_in_queues = drained, await drain.busy()
         report.wall = time.monotonic() - began
@@ -271,6 +315,8 @@ def _wanted(config: ClusterConfig, cluster: RabbitCluster) -> dict[int, frozense
     if config.fault == PARTITION:
         # 0 beside node 1 and on it; 1 outside, on it too; 2 on the other side.
         return {0: frozenset({first}), 1: frozenset({first}), 2: others}
+    if config.fault == STORM:  # 2 anywhere: its SIGKILLs soon spread them all anyway
+        return {0: frozenset({first}), 1: others, 2: others | {first}}
     return {0: frozenset({first}), 1: others}
 
 
@@ -285,7 +331,7 @@ async def _fault(
 ) -> None:
     await asyncio.sleep(config.start_at * flow)
     try:
-        await _inject(config, cluster, settings, endpoints, placed, record)
+        await _inject(config, cluster, settings, endpoints, placed, record, flow)
     except Exception as exc:  # what the fault saw before it failed is the evidence
         raise RuntimeError(f"{config.fault}: {exc}\nuntil then: {record.detail}") from exc
 
@@ -297,6 +343,7 @@ async def _inject(
     endpoints: dict[int, Endpoint],
     placed: dict[int, str],
     record: FaultRecord,
+    flow: float,
 ) -> None:
     first = cluster.nodes[0]
     on_first = {slot: endpoints[slot] for slot, node in placed.items() if node == first.address}
@@ -307,6 +354,8 @@ async def _inject(
     elif config.fault == PARTITION:
         remote = {slot: e for slot, e in on_first.items() if slot != 0}
         await partition(cluster, settings.queue, first, remote, record)
+    elif config.fault == STORM:
+        await storm(cluster, settings, first, flow, config.down, record)
     else:
         raise ValueError(f"unknown fault {config.fault!r}")
 
@@ -333,7 +382,9 @@ def _report(
         sent=sent,
         verdict=verdict,
         record=record,
-        exits=len(pool.exits) + len(pool.kills),
+        exits=len(pool.exits),  # the run's own SIGKILLs are not exits
+        worker_kills=len(pool.kills),
+        conflicts=sum(1 for event in settled if event.outcome == Outcome.IN_PROGRESS),
         executions=len(runs),
         effects=sum(1 for r in runs if r.effect is not None),
         overlaps=len(overlapping(runs)),

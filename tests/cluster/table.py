@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from rich.table import Table
 
-from tests.chaos.verdict import OUTAGE, UNEXPLAINED
+from tests.chaos.verdict import KILLED, OUTAGE, UNEXPLAINED
 from tests.cluster.publish import PublishProof
 from tests.cluster.run import ClusterReport
 
@@ -39,6 +39,13 @@ def _cut_off(report: ClusterReport) -> str:
     return f"{len(found)} ({returned} after the handler returned)" if found else "0"
 
 
+def _held(report: ClusterReport) -> str:
+    if report.held is None:
+        return "-"
+    held = {name: n for name, n in report.held.items() if n}
+    return str(sum(held.values())) + (f" ({held})" if held else "")
+
+
 def _verdict(report: ClusterReport) -> str:
     if report.ok:
         return "PASS"
@@ -47,6 +54,7 @@ def _verdict(report: ClusterReport) -> str:
         f"{len(report.verdict.lost)} lost" if report.verdict.lost else "",
         f"{report.exits} workers exited" if report.exits else "",
         f"{report.overlaps} overlaps" if report.overlaps else "",
+        "messages held for dead-lettering" if _held(report) not in ("-", "0") else "",
         f"{report.verdict.count(UNEXPLAINED)} unexplained"
         if report.verdict.count(UNEXPLAINED)
         else "",
@@ -61,10 +69,17 @@ ROWS: list[tuple[str, Callable[[ClusterReport], str]]] = [
     ("keys completed", lambda r: str(r.verdict.completed)),
     ("keys in Q.dlq (meant to fail)", _dlq),
     ("lost", lambda r: str(len(r.verdict.lost))),
+    ("copies parked: key in progress (conflicts)", lambda r: str(r.conflicts)),
+    ("workers SIGKILLed (by the run)", lambda r: str(r.worker_kills)),
+    (
+        "duplicate effects, worker SIGKILLed after the effect",
+        lambda r: str(r.verdict.count(KILLED)),
+    ),
     ("duplicate effects, lease expired while cut off", _cut_off),
     ("duplicate effects, unexplained", lambda r: str(r.verdict.count(UNEXPLAINED))),
     ("executions of one key at the same time", lambda r: str(r.overlaps)),
     ("failovers (semel_broker_failovers_total)", _failovers),
+    ("held for dead-lettering once drained (messages_dlx)", _held),
     ("workers that exited", lambda r: str(r.exits)),
     ("wall time", lambda r: f"{r.wall:.1f} s"),
     ("verdict", _verdict),
@@ -73,7 +88,7 @@ ROWS: list[tuple[str, Callable[[ClusterReport], str]]] = [
 
 def runs_table(reports: list[ClusterReport]) -> Table:
     table = Table(
-        "figure", *(report.fault for report in reports), title="semel on a 3-node cluster"
+        "figure", *(report.label for report in reports), title="semel on a 3-node cluster"
     )
     for title, cell in ROWS:
         table.add_row(title, *(cell(report) for report in reports))
@@ -84,7 +99,7 @@ def timelines(reports: list[ClusterReport]) -> list[str]:
     """What each fault did, with times from its start."""
     lines = []
     for report in reports:
-        lines.append(f"{report.fault}:")
+        lines.append(f"{report.label}:")
         lines += [f"  {at:6.1f}s  {what}" for at, what in report.record.events]
         lines += [
             f"  duplicate {d.key} ({d.cause}): {d.evidence}" for d in report.verdict.duplicates

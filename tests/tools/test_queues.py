@@ -9,6 +9,7 @@ how a held message is made here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import urllib.request
@@ -18,11 +19,15 @@ from typing import Any
 
 import aio_pika
 import pytest
+import structlog
+from dependency_injector import providers
 
-from consumer.broker.management import management_url_of
+from consumer.broker.management import ManagementError, QueueState, management_url_of
 from consumer.broker.topology import declare
-from consumer.container import topology_of
+from consumer.container import Container, shutdown, topology_of
 from consumer.names import Topology
+from consumer.ops.held import watch_held
+from consumer.ops.metrics import Metrics
 from settings import Settings
 from tests.chaos.rabbit import RabbitNode, bindable
 from tests.conftest import SettingsFactory, rabbitmq_lane
@@ -76,6 +81,20 @@ def managed_settings(make_settings: SettingsFactory, managed_broker: ManagedNode
     )
 
 
+async def _hold_one(connection: aio_pika.abc.AbstractConnection, settings: Settings) -> None:
+    """Make the broker hold one message of Q for dead-lettering."""
+    names = Topology(settings.queue)
+    channel = await connection.channel(publisher_confirms=True)
+    # Q's dead-letter target made unroutable: the broker keeps what it dead-letters.
+    conflict = await channel.declare_queue(names.conflict_queue, passive=True)
+    await conflict.unbind(names.retry_exchange, names.conflict_routing_key)
+    message = aio_pika.Message(b"{}", headers={"Idempotency-Key": "k"})
+    await channel.default_exchange.publish(message, routing_key=settings.queue)
+    work = await channel.declare_queue(settings.queue, passive=True)
+    delivery = await work.get(no_ack=False, timeout=5)
+    await delivery.nack(requeue=False)
+
+
 def api_queue(node: ManagedNode, name: str) -> dict[str, Any]:
     request = urllib.request.Request(
         f"http://127.0.0.1:{node.management_port}/api/queues/%2F/{name}",
@@ -90,18 +109,9 @@ async def test_a_message_held_for_dead_lettering_is_reported_with_what_to_do(
     managed_broker: ManagedNode, managed_settings: Settings
 ) -> None:
     settings = managed_settings
-    names = Topology(settings.queue)
     async with await aio_pika.connect(settings.amqp_url) as connection:
         await declare(connection, topology_of(settings))
-        channel = await connection.channel(publisher_confirms=True)
-        # Q's dead-letter target made unroutable: the broker keeps what it dead-letters.
-        conflict = await channel.declare_queue(names.conflict_queue, passive=True)
-        await conflict.unbind(names.retry_exchange, names.conflict_routing_key)
-        message = aio_pika.Message(b"{}", headers={"Idempotency-Key": "k"})
-        await channel.default_exchange.publish(message, routing_key=settings.queue)
-        work = await channel.declare_queue(settings.queue, passive=True)
-        delivery = await work.get(no_ack=False, timeout=5)
-        await delivery.nack(requeue=False)
+        await _hold_one(connection, settings)
 
     async def held() -> bool:
         return int(api_queue(managed_broker, settings.queue).get("messages_dlx") or 0) == 1
@@ -147,3 +157,81 @@ async def test_an_unreachable_management_api_is_one_error_line(
     outcome = await semel(settings, "queues", "--management-url", f"http://127.0.0.1:{port}/")
     assert outcome.code == 1
     assert outcome.stderr.startswith("semel: error: management API not reachable")
+
+
+def held_sample(metrics: Metrics, queue: str) -> float | None:
+    return metrics.registry.get_sample_value("semel_queue_messages_dlx", {"queue": queue})
+
+
+async def test_the_held_count_is_a_metric_of_every_queue_when_the_api_is_configured(
+    managed_broker: ManagedNode, managed_settings: Settings
+) -> None:
+    settings = managed_settings.model_copy(update={"management_url": managed_broker.management_url})
+    names = Topology(settings.queue)
+    async with await aio_pika.connect(settings.amqp_url) as connection:
+        await declare(connection, topology_of(settings))
+        await _hold_one(connection, settings)
+
+    async def api_held() -> bool:
+        return int(api_queue(managed_broker, settings.queue).get("messages_dlx") or 0) == 1
+
+    await eventually(api_held, 30, "the management API counts the held message")
+    container = Container()
+    container.settings.override(providers.Object(settings))
+    metrics = container.metrics()
+    await container.held.async_()
+    try:
+
+        async def exported() -> bool:
+            return held_sample(metrics, settings.queue) == 1
+
+        await eventually(exported, 10, "semel_queue_messages_dlx of Q is 1")
+        assert held_sample(metrics, names.conflict_queue) == 0
+        assert held_sample(metrics, names.dead_letter_queue) == 0
+    finally:
+        await shutdown(container)
+
+
+async def test_without_a_management_url_the_worker_never_asks(
+    managed_settings: Settings,
+) -> None:
+    container = Container()
+    container.settings.override(providers.Object(managed_settings))
+    metrics = container.metrics()
+    await container.held.async_()
+    try:
+        await asyncio.sleep(0)  # a watcher would have made its first look by now
+        assert held_sample(metrics, managed_settings.queue) is None
+    finally:
+        await shutdown(container)
+
+
+async def test_an_api_that_cannot_be_asked_is_said_once_and_the_watch_goes_on() -> None:
+    looks: list[int] = []
+    told: list[tuple[str, int]] = []
+
+    def look(url: str, queues: list[str]) -> list[QueueState]:
+        looks.append(1)
+        if len(looks) < 3:
+            raise ManagementError("management API not reachable: refused")
+        return [QueueState(queues[0], exists=True, held_for_dead_lettering=2)]
+
+    with structlog.testing.capture_logs() as logs:
+        task = asyncio.create_task(
+            watch_held(
+                "http://x/", ["q"], lambda q, n: told.append((q, n)), interval=0.01, look=look
+            )
+        )
+        try:
+            await eventually(lambda: _true(bool(told)), 5, "a count after two failed looks")
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    assert told[0] == ("q", 2)
+    warnings = [entry for entry in logs if entry["log_level"] == "warning"]
+    assert len(warnings) == 1, logs
+
+
+async def _true(value: bool) -> bool:
+    return value
