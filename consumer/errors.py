@@ -8,9 +8,10 @@ a restart)::
      ├── StoreError ...          stores.errors: unavailable, misconfigured, too large, fenced out
      ├── ConfigurationError      exit 2: a setting, the handler, the topology, a command's options
      │    ├── HandlerLoadError   SEMEL_HANDLER names nothing callable
+     │    ├── (a refused broker login is one too: the operator's to fix)
      │    ├── TopologyMismatch   a queue or exchange exists with other arguments
      │    └── PlanError          `semel publish` options that cannot be combined
-     ├── BrokerUnavailable       the broker stayed away past the give-up limit, or refused the login
+     ├── BrokerUnavailable       the broker stayed away past the give-up limit
      ├── ListenError             SEMEL_METRICS_PORT cannot be listened on
      ├── BadMessage              a delivery that can never be processed: to the DLQ with a reason
      ├── LeaseLost               the claim was taken over while the handler ran
@@ -67,7 +68,7 @@ class PlanError(ConfigurationError):
 
 
 class BrokerUnavailable(SemelError):
-    """The broker could not be reached within the give-up limit (or refused the login)."""
+    """The broker could not be reached within the give-up limit."""
 
 
 class ListenError(SemelError):
