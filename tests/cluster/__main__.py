@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).setLevel(logging.CRITICAL)
     began = time.monotonic()
     started_in, reports, proof = asyncio.run(run_all(args))
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    # A column per run: wide enough for ten of them when the output is a file.
+    console = Console(width=None if sys.stdout.isatty() else max(160, 60 + 44 * len(reports)))
     console.print(
         f"cluster start-up: {started_in:.1f} s; everything: {time.monotonic() - began:.0f} s"
     )
