@@ -25,6 +25,7 @@ from consumer.delivery.decide import RetryPolicy
 from consumer.delivery.handler import Handler, load_handler
 from consumer.delivery.message import KeySource, MessageRules
 from consumer.delivery.pipeline import PipelineConfig
+from consumer.delivery.typed import bind
 from consumer.errors import ConfigurationError, HandlerLoadError
 from consumer.ops.held import held_watcher
 from consumer.ops.httpd import open_operations
@@ -204,7 +205,7 @@ def required_handler(spec: str | None) -> Handler:
             "SEMEL_HANDLER: not set; name the handler to run as package.module:callable "
             "(the bundled example is consumer.examples:order_paid)"
         )
-    return load_handler(spec)
+    return bind(load_handler(spec))  # a typed body's annotations resolved here, once
 
 
 def plain_worker(collaborators: dict[str, Any]) -> Worker:

@@ -14,6 +14,7 @@ a restart)::
      ├── BrokerUnavailable       the broker stayed away past the give-up limit
      ├── ListenError             SEMEL_METRICS_PORT cannot be listened on
      ├── BadMessage              a delivery that can never be processed: to the DLQ with a reason
+     │    └── InvalidBody        the body does not validate as the handler's type
      ├── LeaseLost               the claim was taken over while the handler ran
      ├── HandlerTimeout          the handler ran past SEMEL_HANDLER_TIMEOUT: a failed attempt
      └── AlreadySettled          a second ack or nack of one delivery, never sent
@@ -35,6 +36,7 @@ __all__ = [
     "ConfigurationError",
     "HandlerLoadError",
     "HandlerTimeout",
+    "InvalidBody",
     "LeaseLost",
     "ListenError",
     "PermanentError",
@@ -81,6 +83,15 @@ class BadMessage(SemelError):
     def __init__(self, reason: Reason, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
+
+
+class InvalidBody(BadMessage):
+    """The body does not validate as the type the handler declares; ``errors`` is
+    the bounded JSON list that goes into ``x-semel-validation-errors``."""
+
+    def __init__(self, detail: str, errors: str) -> None:
+        super().__init__(Reason.INVALID_BODY, detail)
+        self.errors = errors
 
 
 class LeaseLost(SemelError):

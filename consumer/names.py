@@ -16,6 +16,8 @@ from typing import Any
 H_ATTEMPTS = "x-semel-attempts"
 H_REASON = "x-semel-reason"
 H_ERROR = "x-semel-error"
+# Why a body failed validation (reason invalid-body): a bounded JSON list of {loc, type, msg}.
+H_VALIDATION_ERRORS = "x-semel-validation-errors"
 H_KEY = "x-semel-key"
 H_ORIGINAL_EXCHANGE = "x-semel-original-exchange"
 H_ORIGINAL_ROUTING_KEY = "x-semel-original-routing-key"
@@ -95,6 +97,7 @@ class Reason(StrEnum):
     """Why a message reached the DLQ (the ``x-semel-reason`` header)."""
 
     MALFORMED_BODY = "malformed-body"
+    INVALID_BODY = "invalid-body"  # valid JSON, but not what the handler's type declares
     TOO_LARGE = "too-large"
     MISSING_KEY = "missing-key"
     INVALID_KEY = "invalid-key"

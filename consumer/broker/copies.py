@@ -28,6 +28,7 @@ from consumer.names import (
     H_ORIGINAL_ROUTING_KEY,
     H_PARKED_AT,
     H_REASON,
+    H_VALIDATION_ERRORS,
 )
 
 
@@ -108,4 +109,6 @@ def dead_letter_copy(message: Incoming, facts: Facts, decision: DeadLetter) -> a
         H_KEY: facts.key or "",
         H_DEAD_LETTERED_AT: now_iso(),
     }
+    if decision.validation_errors is not None:
+        headers[H_VALIDATION_ERRORS] = decision.validation_errors
     return copy_message(message, headers)

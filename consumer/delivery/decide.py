@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from consumer.errors import PermanentError
+from consumer.errors import BadMessage, InvalidBody, PermanentError
 from consumer.names import ERROR_HEADER_LIMIT, Reason
 from stores.base import POISON_ERROR, Claim, Record, Status
 from stores.base import Outcome as ClaimOutcome
@@ -139,6 +139,7 @@ class DeadLetter:
     reason: Reason
     error: str
     outcome: Outcome = Outcome.DEAD_LETTER
+    validation_errors: str | None = None  # x-semel-validation-errors, for invalid-body
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +175,12 @@ Copied = Retry | DeadLetter | Detour  # the decisions that re-publish a copy bef
 
 MISMATCH_ERROR = "key already used with a different body"
 SHUTDOWN = Requeue("shutdown", outcome=Outcome.SHUTDOWN, store_down=False)
+
+
+def decide_bad_message(bad: BadMessage) -> DeadLetter:
+    """A delivery that can never be processed; nothing was claimed for it."""
+    errors = bad.errors if isinstance(bad, InvalidBody) else None
+    return DeadLetter(bad.reason, str(bad), validation_errors=errors)
 
 
 def decide_store_error(exc: StoreError) -> Settle:

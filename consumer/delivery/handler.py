@@ -33,6 +33,9 @@ class Context:
     message_id: str | None
     attempt: int  # 1-based
     fence: int  # grows with every claim of the key; hand it to fenced downstream writes
+    # The body as a typed handler's annotation validated it (see
+    # consumer.delivery.typed); None for a handler that takes the context.
+    validated: Any = None
 
 
 def load_handler(spec: str) -> Handler:

@@ -204,6 +204,7 @@ class Parsed:
     key: str
     body: dict[str, Any]
     fingerprint: str
+    validated: Any = None  # the body as a typed handler's annotation validated it
 
 
 def parse(

@@ -34,6 +34,7 @@ from consumer.delivery.decide import (
     decide_after_claim,
     decide_after_failure,
     decide_after_success,
+    decide_bad_message,
     decide_by_record,
     decide_store_error,
     describe,
@@ -45,6 +46,7 @@ from consumer.delivery.message import Incoming, MessageRules, Parsed, best_effor
 from consumer.delivery.observe import Observer
 from consumer.delivery.pressure import Pressure
 from consumer.delivery.results import storable
+from consumer.delivery.typed import body_of
 from consumer.delivery.writes import write_fenced
 from consumer.errors import BadMessage, LeaseLost
 from consumer.names import RETURNS_BEFORE_DETOUR, returns
@@ -105,6 +107,7 @@ class Pipeline:
     ) -> None:
         self._store = store
         self._handler = handler
+        self._body = body_of(handler)  # a typed handler's body type, validated before the claim
         self._settler = settler
         self._config = config
         self._observer = observer or Observer()
@@ -124,7 +127,7 @@ class Pipeline:
                 # where the message would be dropped; nothing is claimed.
                 return await self._settle(delivery, Detour())
             if isinstance(parsed, BadMessage):
-                return await self._settle(delivery, DeadLetter(parsed.reason, str(parsed)))
+                return await self._settle(delivery, decide_bad_message(parsed))
             admitted_at = await self._pressure.admit()
             try:
                 return await self._claimed(delivery, parsed)
@@ -166,7 +169,7 @@ class Pipeline:
         headers = dict(message.headers)  # the one copy; the handler's context gets it too
         rules = self._config.rules
         parsed: Parsed | BadMessage
-        key: str | None
+        key: str | None = None
         try:
             parsed = parse(
                 message.body,
@@ -177,8 +180,12 @@ class Pipeline:
                 limit=rules.max_body_bytes,
             )
             key = parsed.key
+            if self._body is not None:
+                # Deterministic, so never claimed, like a malformed body: to the DLQ.
+                parsed = self._body.validate(parsed)
         except BadMessage as bad:
-            parsed, key = bad, best_effort_key(headers, message.message_id, rules.source)
+            parsed = bad
+            key = key or best_effort_key(headers, message.message_id, rules.source)
         facts = gather(
             headers, message.exchange or "", message.routing_key or "", self._config.queue, key
         )
@@ -220,6 +227,7 @@ class Pipeline:
             message_id=delivery.message.message_id,
             attempt=delivery.facts.attempt,
             fence=lease.fence,
+            validated=parsed.validated,
         )
         try:
             result = await run_leased(

@@ -79,6 +79,7 @@ class TransactionalHandler:
             # function would run on a thread of its own and could not use it.
             raise HandlerLoadError("SEMEL_TRANSACTIONAL: the handler must be an async function")
         self._handler = handler
+        self.__wrapped__ = handler  # the pipeline finds a typed handler's body type through it
         self._store = store
 
     async def __call__(self, context: Context) -> Any:
