@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import logging
 import signal
 import sys
@@ -71,7 +72,7 @@ from tests.cluster.faults import FAULTS
 from tests.cluster.publish import PublishProof, publish_through_a_node_death
 from tests.cluster.run import ClusterConfig, ClusterReport, run_cluster
 from tests.cluster.storm import STORM
-from tests.cluster.table import publish_table, runs_table, timelines
+from tests.cluster.table import publish_table, runs_table, timelines, verdict_of
 from tests.rabbit_cluster import RabbitCluster, missing
 
 PUBLISH = "publish"
@@ -137,12 +138,25 @@ async def run_all(
                     )  # fmt: skip
                     report = await run_cluster(config, cluster)
                     logging.getLogger("semel.cluster").info(
-                        "%s run %d: %s", report.label, turn + 1, "PASS" if report.ok else "FAIL"
-                    )
+                        "%s run %d (seed %d): %s", report.label, turn + 1, config.seed,
+                        verdict_of(report),
+                    )  # fmt: skip
+                    if keep is not None:  # each run's figures beside its ledger and logs
+                        keep.mkdir(parents=True, exist_ok=True)
+                        (keep / "report.txt").write_text(rendered([report]))
                     reports.append(report)
     finally:
         cluster.stop()
     return cluster.started_in, reports, proof
+
+
+def rendered(reports: list[ClusterReport]) -> str:
+    """The runs' table and timelines, as text (a column per run)."""
+    console = Console(width=max(160, 60 + 44 * len(reports)), record=True, file=io.StringIO())
+    console.print(runs_table(reports))
+    for line in timelines(reports):
+        console.print(line, markup=False)
+    return console.export_text()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,9 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         f"cluster start-up: {started_in:.1f} s; everything: {time.monotonic() - began:.0f} s"
     )
     if reports:
-        console.print(runs_table(reports))
-        for line in timelines(reports):
-            console.print(line, markup=False)
+        console.print(rendered(reports), markup=False)
     if proof is not None:
         console.print(publish_table(proof))
     ok = all(report.ok for report in reports) and (proof is None or proof.ok)

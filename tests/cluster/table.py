@@ -46,7 +46,7 @@ def _held(report: ClusterReport) -> str:
     return str(sum(held.values())) + (f" ({held})" if held else "")
 
 
-def _verdict(report: ClusterReport) -> str:
+def verdict_of(report: ClusterReport) -> str:
     if report.ok:
         return "PASS"
     why = [
@@ -82,7 +82,7 @@ ROWS: list[tuple[str, Callable[[ClusterReport], str]]] = [
     ("held for dead-lettering once drained (messages_dlx)", _held),
     ("workers that exited", lambda r: str(r.exits)),
     ("wall time", lambda r: f"{r.wall:.1f} s"),
-    ("verdict", _verdict),
+    ("verdict", verdict_of),
 ]
 
 
