@@ -42,6 +42,7 @@ from consumer.delivery.decide import (
 from consumer.delivery.facts import Delivery, Facts, gather
 from consumer.delivery.handler import Context, Handler
 from consumer.delivery.lease import HEARTBEATS_PER_LEASE, Lease, Renewal, run_leased
+from consumer.delivery.log_lines import Summary, bound_to
 from consumer.delivery.message import Incoming, MessageRules, Parsed, best_effort_key, parse
 from consumer.delivery.observe import Observer
 from consumer.delivery.pressure import Pressure
@@ -117,6 +118,7 @@ class Pipeline:
         self._pressure = Pressure(
             config.in_flight, config.lock_ttl * PRESSURE_TARGET, self._observer.admitting
         )
+        self.summary = Summary()
 
     async def handle(self, message: Incoming) -> Settle:
         """Process and settle ``message``; returns the decision applied."""
@@ -230,14 +232,15 @@ class Pipeline:
             validated=parsed.validated,
         )
         try:
-            result = await run_leased(
-                self._handler,
-                context,
-                renewal,
-                self._config.handler_timeout,
-                self._observer.overrun,
-                stop_wait=THREAD_STOP_WAIT,
-            )
+            with bound_to(context):
+                result = await run_leased(
+                    self._handler,
+                    context,
+                    renewal,
+                    self._config.handler_timeout,
+                    self._observer.overrun,
+                    stop_wait=THREAD_STOP_WAIT,
+                )
         except asyncio.CancelledError:
             await self._cut_short(delivery, renewal)
             raise
@@ -382,8 +385,10 @@ class Pipeline:
             )
 
     def _report(self, delivery: Delivery, decision: Settle, applied: Applied) -> Settle:
-        """Tell the observer, and log the one line that says what became of the delivery."""
+        """Tell the observer and the summary, and log the one line that says what
+        became of the delivery."""
         self._observer.settled(delivery, decision, applied)
+        self.summary.add(applied.logged)
         routine = isinstance(decision, Ack)
         if routine and not self._config.log_acks:
             return decision

@@ -89,7 +89,7 @@ class Worker:
         await consuming.set_qos(prefetch_count=config.prefetch)
         publishing = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
         self._settler = settler = await Settler.open(publishing, names)
-        self._pipeline = Pipeline(
+        self._pipeline = pipeline = Pipeline(
             store=self._store,
             handler=self._handler,
             config=self._pipeline_config,
@@ -127,6 +127,7 @@ class Worker:
                 raise misconfigured
             return EXIT_OK
         finally:
+            pipeline.summary.flush()  # the last period's counts, before the exit
             self._let_go_of_threads()
 
     @staticmethod
