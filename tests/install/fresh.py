@@ -145,10 +145,13 @@ def wheelhouse(wheel: Path) -> Path:
     """Wheels of everything ``semel[redis]`` needs, downloaded once per set of requirements."""
     with zipfile.ZipFile(wheel) as archive:
         (metadata,) = (n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        # What the venv installs: the base and the one extra (a change to
+        # another extra needs no new download).
         requires = [
             line
             for line in archive.read(metadata).decode().splitlines()
             if line.startswith("Requires-Dist:")
+            and ("extra ==" not in line or f'extra == "{EXTRA}"' in line)
         ]
     key = hashlib.sha256("\n".join([sys.version, EXTRA, *requires]).encode()).hexdigest()[:16]
     house = CACHE / "wheelhouse" / key
@@ -161,5 +164,8 @@ def wheelhouse(wheel: Path) -> Path:
             run([*download, str(staging), f"{wheel}[{EXTRA}]"], timeout=600)
             for own in staging.glob("semel-*"):  # the wheel under test is installed by path
                 own.unlink()
+            for stale in house.parent.iterdir():  # earlier requirements' wheels
+                if stale.is_dir() and stale != staging:
+                    shutil.rmtree(stale)
             staging.rename(house)
     return house

@@ -20,9 +20,10 @@ from tests.consumer.harness import Broker, eventually
 from tests.install.fresh import Venv
 from tests.install.honcho import Honcho, honcho_start
 
-# The first test of a session waits for the wheel and the venv (a minute or
-# more while the wheelhouse is filled from the index).
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+# The first test of a session waits for the wheel and the venv: about 25 s on
+# a quiet machine, minutes on a loaded one or while the wheelhouse is filled
+# from the index. Each step has a deadline of its own (tests/install/fresh.py).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 HANDLER = '''\
 """The project's handler: notes each key it ran for, one line each."""
