@@ -42,10 +42,11 @@ from stores.deadline import DeadlineStore
 TRANSACTIONAL = "postgres_tx"  # the backend key of transactional mode
 
 
-def checked_settings() -> Settings:
-    """The environment's settings; a bad one is a configuration error (exit 2)."""
+def checked_settings(**overrides: object) -> Settings:
+    """The environment's settings, ``overrides`` (a command's options) over them;
+    a bad one is a configuration error (exit 2)."""
     try:
-        return load_settings()
+        return load_settings(**overrides)
     except ConfigError as exc:
         raise ConfigurationError(str(exc)) from None
 
@@ -198,14 +199,14 @@ def log_setup(settings: Settings) -> LogSetup:
     return LogSetup(as_json=settings.log_format.value == "json", level=level)
 
 
-def required_handler(spec: str | None) -> Handler:
+def required_handler(spec: str | None, app_dir: str) -> Handler:
     """The handler ``SEMEL_HANDLER`` names: there is no default to fall back on."""
     if spec is None:
         raise HandlerLoadError(
             "SEMEL_HANDLER: not set; name the handler to run as package.module:callable "
             "(the bundled example is consumer.examples:order_paid)"
         )
-    return bind(load_handler(spec))  # a typed body's annotations resolved here, once
+    return bind(load_handler(spec, app_dir))  # a typed body's annotations resolved here, once
 
 
 def plain_worker(collaborators: dict[str, Any]) -> Worker:
@@ -278,7 +279,9 @@ class Container(containers.DeclarativeContainer):
         dynamodb=providers.Resource(open_backend, settings),
     )
 
-    handler = providers.Singleton(required_handler, settings.provided.handler)
+    handler = providers.Singleton(
+        required_handler, settings.provided.handler, settings.provided.app_dir
+    )
     topology = providers.Singleton(topology_of, settings)
     rules = providers.Singleton(message_rules, settings)
     logs = providers.Singleton(log_setup, settings)
@@ -340,3 +343,11 @@ class Container(containers.DeclarativeContainer):
         redis=_plain_worker,
         dynamodb=_plain_worker,
     )
+
+
+def container_with(**overrides: object) -> Container:
+    """A container whose settings take ``overrides`` (a command's options) over the environment."""
+    container = Container()
+    if overrides:
+        container.settings.override(providers.Singleton(checked_settings, **overrides))
+    return container

@@ -163,6 +163,9 @@ class Settings(BaseSettings):
     # the bundled example. `semel consume` refuses to start without it; the
     # other commands never run a handler.
     handler: str | None = Field(None, pattern=r"^[\w.]+:[\w.]+$")
+    # The folder the handler is imported from, put first on the import path
+    # (uvicorn's --app-dir): by default the one the process is started in.
+    app_dir: str = Field(".", min_length=1)
     exchange: str = Field("semel.events", min_length=1, max_length=200)
     queue: str = Field("semel.work", min_length=1, max_length=200)
     binding_keys: Annotated[list[str], NoDecode] = ["#"]

@@ -9,6 +9,9 @@ configuration, 1 anything else (:mod:`consumer.errors`).
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated
+
 import typer
 
 from consumer.commands import consume, dlq, publish, queues, store
@@ -20,6 +23,36 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def semel_version() -> str:
+    """The installed distribution's version (a source tree never installed has none)."""
+    try:
+        return version("semel")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        typer.echo(f"semel {semel_version()}")
+        raise typer.Exit
+
+
+@app.callback()
+def options(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print semel's version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Options of ``semel`` itself, before the command."""
+
 
 for group in (store, consume, publish, dlq, queues):
     group.register(app)

@@ -16,16 +16,17 @@ import asyncio
 import inspect
 import signal
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import structlog
 import typer
 from aiormq.exceptions import AMQPError
+from typer import Option
 
 from consumer.broker.delays import DelayReturns
 from consumer.broker.topology import declare
 from consumer.commands.common import fail
-from consumer.container import Container, shutdown
+from consumer.container import Container, container_with, shutdown
 from consumer.delivery.thread_watch import THREAD_LEASES, exit_now
 from consumer.errors import BrokerUnavailable, SemelError
 from consumer.ops.health import Health
@@ -111,12 +112,23 @@ def stop_on_signals() -> asyncio.Event:
     return stop
 
 
-def consume_command() -> None:
+def consume_command(
+    app_dir: Annotated[
+        str | None,
+        Option(
+            metavar="DIR",
+            help="Import the handler from DIR first (default: SEMEL_APP_DIR, "
+            "or the folder semel is started in).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
     """Run the consumer until SIGTERM / SIGINT (the Procfile's worker)."""
+    container = container_with(**({} if app_dir is None else {"app_dir": app_dir}))
     try:
         try:
             with asyncio.Runner(loop_factory=LOOP_FACTORY) as runner:
-                code = runner.run(run_consumer())
+                code = runner.run(run_consumer(container))
         except SemelError as exc:
             fail(str(exc) or type(exc).__name__, exc.exit_code)
         raise typer.Exit(code)

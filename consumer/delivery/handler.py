@@ -12,6 +12,8 @@ import contextlib
 import contextvars
 import importlib
 import inspect
+import os
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -38,11 +40,23 @@ class Context:
     validated: Any = None
 
 
-def load_handler(spec: str) -> Handler:
-    """Import ``package.module:callable``."""
+def load_handler(spec: str, app_dir: str = ".") -> Handler:
+    """Import ``package.module:callable``, looking in ``app_dir`` first, as uvicorn does.
+
+    The ``semel`` script's own folder, not the one it is started in, heads the
+    import path, so a handler in the user's project folder would not be found.
+    The folder is put first only now: semel's own packages are imported by
+    then, so a module of the project that shares a name with one of them
+    cannot replace it.
+    """
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise HandlerLoadError(f"SEMEL_HANDLER: {spec!r} is not 'package.module:callable'")
+    folder = os.path.abspath(app_dir)
+    if not os.path.isdir(folder):
+        raise HandlerLoadError(f"SEMEL_APP_DIR: {app_dir!r} is not a folder")
+    if sys.path[:1] != [folder]:
+        sys.path.insert(0, folder)
     try:
         target: Any = importlib.import_module(module_name)
     except Exception as exc:  # any import-time error is the handler's, reported in one line

@@ -1,6 +1,6 @@
 """OpenTelemetry tracing: on only when the process is set up for it.
 
-Tracing is on when the ``tracing`` extra (opentelemetry-api) is installed and
+Tracing is on when the ``otel`` extra (opentelemetry-api) is installed and
 a real TracerProvider is set by the time the worker is built: by running
 ``opentelemetry-instrument semel consume`` (which configures the SDK from
 the ``OTEL_*`` variables), or by the handler's module when it is imported.
@@ -19,7 +19,7 @@ def traced(observer: Observer, queue: str) -> Observer:
     """``observer``, plus one span per delivery of ``queue`` when tracing is on."""
     try:
         from opentelemetry import trace
-    except ImportError:  # the tracing extra is not installed
+    except ImportError:  # the otel extra is not installed
         return observer
     provider = trace.get_tracer_provider()
     if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):

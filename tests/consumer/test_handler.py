@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -58,6 +62,40 @@ def test_default_handler_loads() -> None:
     from consumer.examples import order_paid
 
     assert load_handler("consumer.examples:order_paid") is order_paid
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A project folder holding a package of its own; the package's name."""
+    package = "svc_" + uuid.uuid4().hex[:8]
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / package / "handlers.py").write_text("def charge(ctx):\n    return 'charged'\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))  # load_handler adds the folder
+    yield package
+    for name in [m for m in sys.modules if m.partition(".")[0] == package]:
+        del sys.modules[name]
+
+
+def test_a_handler_is_imported_from_the_folder_it_is_started_in(
+    project: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    handler = load_handler(f"{project}.handlers:charge")
+    assert handler.__module__ == f"{project}.handlers"
+    assert sys.path[0] == str(tmp_path)
+
+
+def test_a_handler_is_imported_from_the_app_dir(project: str, tmp_path: Path) -> None:
+    with pytest.raises(HandlerLoadError, match=f"cannot import '{project}.handlers'"):
+        load_handler(f"{project}.handlers:charge")  # not in the folder the tests run in
+    handler = load_handler(f"{project}.handlers:charge", app_dir=str(tmp_path))
+    assert handler.__module__ == f"{project}.handlers"
+
+
+def test_an_app_dir_that_is_not_a_folder_is_one_line_error(tmp_path: Path) -> None:
+    with pytest.raises(HandlerLoadError, match=r"^SEMEL_APP_DIR: '.*' is not a folder$"):
+        load_handler("consumer.examples:order_paid", app_dir=str(tmp_path / "absent"))
 
 
 async def leased(handler: Handler, ctx: Context, store: Store, lease: Lease, limit: float) -> Any:

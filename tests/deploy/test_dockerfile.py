@@ -75,7 +75,7 @@ def test_final_stage_copies_the_venv_and_builds_nothing() -> None:
         assert forbidden not in runs
 
 
-def test_every_package_and_the_readme_are_copied() -> None:
+def test_every_package_the_readme_and_the_license_are_copied() -> None:
     # pyproject.toml decides what the wheel contains; the image must send it all.
     copied = {
         source.rstrip("/")
@@ -87,6 +87,7 @@ def test_every_package_and_the_readme_are_copied() -> None:
     packages = {pattern.rstrip("*") for pattern in include}
     assert packages <= copied
     assert {"pyproject.toml", PYPROJECT["project"]["readme"]} <= copied
+    assert set(PYPROJECT["project"]["license-files"]) <= copied  # the build refuses without
     for source in copied:
         assert (REPO / source).exists(), f"COPY {source}: no such path"
 
