@@ -25,7 +25,7 @@ services: system $(BIN)/.installed
 	$(BIN)/python -m tests.servers
 
 # The bundled example handler, named here: semel itself has no default handler.
-EXAMPLE_HANDLER ?= consumer.examples:order_paid
+EXAMPLE_HANDLER ?= semel.consumer.examples:order_paid
 
 consume: services
 	$(BIN)/semel migrate

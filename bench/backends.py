@@ -25,9 +25,9 @@ import redis
 from yarl import URL
 
 from bench.broker import AMQP_URL
-from consumer.container import store_options
-from settings import Settings
-from stores.base import Store
+from semel.consumer.container import store_options
+from semel.settings import Settings
+from semel.stores.base import Store
 from tests import redis_servers, servers
 
 POSTGRES_DSN = os.environ.get("BENCH_POSTGRES_DSN", "postgresql://localhost/test")

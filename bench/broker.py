@@ -37,10 +37,10 @@ from aiormq.channel import Channel as RawChannel
 from pamqp.commands import Basic
 
 from bench.probes import SENT_HEADER
-from consumer.broker.topology import declare, queue_specs
-from consumer.container import topology_of
-from consumer.names import Topology
-from settings import Settings
+from semel.consumer.broker.topology import declare, queue_specs
+from semel.consumer.container import topology_of
+from semel.consumer.names import Topology
+from semel.settings import Settings
 
 AMQP_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@localhost:5672/")
 KEY_HEADER = "Idempotency-Key"

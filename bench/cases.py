@@ -16,7 +16,7 @@ from bench.backends import Backends
 from bench.broker import Batch, BenchError, Broker
 from bench.children import Child, Group, start_baseline, start_semel
 from bench.probes import percentiles, read_probes, settled_durations
-from settings import LogLevel, Settings
+from semel.settings import LogLevel, Settings
 
 BASELINE = "baseline"
 LATENCY_TAG = "lat"

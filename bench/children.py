@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 
 from bench.probes import PROBE_FILE_ENV
-from settings import Settings
+from semel.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 AMQP_PORT = 5672
@@ -95,7 +95,7 @@ def start_semel(name: str, settings: Settings, logs: Path, probes: Path | None =
     env = semel_env(settings)
     if probes is not None:
         env[PROBE_FILE_ENV] = str(probes)
-    return Child.start(name, [sys.executable, "-m", "consumer"], env, logs)
+    return Child.start(name, [sys.executable, "-m", "semel"], env, logs)
 
 
 def start_baseline(name: str, settings: Settings, logs: Path, probes: Path | None = None) -> Child:

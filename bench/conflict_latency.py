@@ -31,9 +31,9 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
 
 from bench.broker import AMQP_URL
-from consumer.broker.delays import DelayReturns
-from consumer.broker.settle import Settler
-from consumer.broker.topology import TopologySpec, declare
+from semel.consumer.broker.delays import DelayReturns
+from semel.consumer.broker.settle import Settler
+from semel.consumer.broker.topology import TopologySpec, declare
 
 PREFETCH = 256
 

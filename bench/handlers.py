@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from bench.probes import SENT_HEADER, ProbeLog
-from consumer import Context
+from semel.consumer import Context
 
 _probes = ProbeLog.from_env()
 

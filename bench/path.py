@@ -28,12 +28,12 @@ from typing import Any
 import aio_pika
 from dependency_injector import providers
 
-from consumer.broker.topology import queue_specs
-from consumer.container import Container, topology_of
-from settings import Settings
+from semel.consumer.broker.topology import queue_specs
+from semel.consumer.container import Container, topology_of
+from semel.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("consumer", "stores")
+PACKAGES = ("semel/consumer", "semel/stores")
 # Tasks of the worker that run whether or not a delivery is under way.
 BACKGROUND = ("_ping_when_quiet", "broker_gone_for", "watch", "wait", "ping_until_up")
 AMQP_URL = "amqp://guest:guest@localhost:5672/"
@@ -51,7 +51,10 @@ class Recorder:
         if event != "call":
             return
         path = Path(frame.f_code.co_filename)
-        if not path.is_relative_to(ROOT) or path.relative_to(ROOT).parts[0] not in PACKAGES:
+        if (
+            not path.is_relative_to(ROOT)
+            or "/".join(path.relative_to(ROOT).parts[:2]) not in PACKAGES
+        ):
             return
         module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
         try:
@@ -134,15 +137,15 @@ async def _until_consumed(connection: aio_pika.abc.AbstractConnection, queue: st
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.path", description=__doc__)
-    parser.add_argument("--entry", default="consumer.commands.consume:run_consumer")
+    parser.add_argument("--entry", default="semel.consumer.commands.consume:run_consumer")
     args = parser.parse_args()
     recorder = asyncio.run(measure(args.entry))
     path = sorted(recorder.delivery_path())
     for task, modules in sorted(recorder.by_task.items()):
         print(f"{task}: {', '.join(sorted(modules))}")
     print()
-    mine = [m for m in path if m.startswith("consumer")]
-    stores = [m for m in path if m.startswith("stores")]
+    mine = [m for m in path if m.startswith("semel.consumer")]
+    stores = [m for m in path if m.startswith("semel.stores")]
     print(f"delivery path: {len(mine)} consumer modules, {len(stores)} store modules")
     print("  " + "\n  ".join(path))
 

@@ -19,7 +19,7 @@ import psutil
 
 from bench.backends import Backends, open_store
 from bench.broker import BenchError
-from stores.base import Outcome, Store
+from semel.stores.base import Outcome, Store
 
 FINGERPRINT = "bench"
 WARM_UP = 20  # pairs before the timing starts: connection set-up is not measured

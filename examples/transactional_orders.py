@@ -25,8 +25,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from consumer import PermanentError
-from consumer.transactional import TransactionalContext
+from semel.consumer import PermanentError
+from semel.consumer.transactional import TransactionalContext
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS example_orders (

@@ -13,9 +13,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from consumer.container import store_options
-from settings import Settings
-from stores.base import Store
+from semel.consumer.container import store_options
+from semel.settings import Settings
+from semel.stores.base import Store
 from tests import rabbitmq4, redis_connections, redis_servers, servers
 
 POSTGRES_DSN = "postgresql://localhost/test"
@@ -160,7 +160,7 @@ def make_settings(request: pytest.FixtureRequest, backend: str, tmp_path: Path) 
         "metrics_port": 0,
         # SEMEL_HANDLER has no default: a consumer these settings start runs the
         # bundled example unless a test names another.
-        "handler": "consumer.examples:order_paid",
+        "handler": "semel.consumer.examples:order_paid",
     }
     if backend == "sqlite":
         base |= {"store": "sqlite", "sqlite_path": str(tmp_path / "semel.db")}

@@ -9,16 +9,16 @@ import sys
 import pytest
 from dependency_injector import providers
 
-from consumer.container import Container, shutdown
-from settings import Settings
-from stores.base import Outcome
+from semel.consumer.container import Container, shutdown
+from semel.settings import Settings
+from semel.stores.base import Outcome
 from tests.conftest import BACKENDS, SettingsFactory, open_store, settings_env
 
 pytestmark = pytest.mark.timeout(90)
 
 IMPORTS_PROBE = """
 import asyncio, sys
-from consumer.container import Container, shutdown
+from semel.consumer.container import Container, shutdown
 async def main():
     c = Container()
     store = await c.store()
@@ -56,7 +56,7 @@ async def test_store_can_be_overridden() -> None:
 
 def _semel(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "consumer.commands.app", *args],
+        [sys.executable, "-m", "semel.consumer.commands.app", *args],
         env=settings_env(settings),
         capture_output=True,
         text=True,

@@ -12,7 +12,7 @@ Usage::
 
 For each store it starts a private RabbitMQ node and a private store server on
 free loopback ports (the shared services are never touched), runs W
-``python -m consumer`` processes with the ledger handler
+``python -m semel`` processes with the ledger handler
 (``tests.chaos.ledger:handle``), and publishes N messages of which 40 % are
 duplicates (half concurrent copies, half late copies sent after the key
 completed). While they flow it SIGKILLs K workers in the middle of a handler

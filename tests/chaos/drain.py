@@ -12,10 +12,10 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Iterable
 
-from consumer.names import Topology
-from settings import Settings
-from stores.base import Record, Status, Store
-from stores.errors import StoreError
+from semel.consumer.names import Topology
+from semel.settings import Settings
+from semel.stores.base import Record, Status, Store
+from semel.stores.errors import StoreError
 from tests.consumer.harness import Broker
 
 STORE_CALL_LIMIT = 3.0  # seconds the orchestrator waits for one store read

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from consumer import Context, PermanentError
+from semel.consumer import Context, PermanentError
 
 LEDGER_ENV = "SEMEL_CHAOS_LEDGER"
 EFFECTS_TABLE = "chaos_effects"  # transactional mode: effects committed with their key

@@ -27,11 +27,11 @@ from typing import Any
 
 import aio_pika
 
-from consumer.broker.topology import declare
-from consumer.container import topology_of
-from settings import Settings
-from settings.model import TRANSACTIONAL_CONNECTIONS
-from stores.base import Status, Store
+from semel.consumer.broker.topology import declare
+from semel.consumer.container import topology_of
+from semel.settings import Settings
+from semel.settings.model import TRANSACTIONAL_CONNECTIONS
+from semel.stores.base import Status, Store
 from tests.chaos.drain import Drain, statuses
 from tests.chaos.faults import (
     BLACKHOLE,

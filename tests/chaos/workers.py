@@ -1,6 +1,6 @@
 """The consumer processes of a chaos run: started, killed or stopped mid-handler, restarted.
 
-Each worker is ``python -m consumer`` in its own process group with JSON
+Each worker is ``python -m semel`` in its own process group with JSON
 logs in a file of its own; the logs are evidence later (which delivery of
 which key settled how). A killed worker is restarted at once, like a
 supervisor would; one that exits by itself is restarted too and counted. A
@@ -8,7 +8,7 @@ rolling restart SIGTERMs a worker mid-handler and starts it again once it
 has exited, as an orchestrator replacing a pod does.
 A worker slot may get environment variables of its own (its own route to the
 store, say). Workers run in the checkout this module is in, with it first on
-``PYTHONPATH``, so they import its ``consumer`` and ``stores`` whatever else
+``PYTHONPATH``, so they import its ``semel`` whatever else
 is installed.
 """
 
@@ -80,7 +80,7 @@ class Worker:
         log = self.logs / f"worker-{self.slot}.{self.generation}.log"
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "consumer"],
+                [sys.executable, "-m", "semel"],
                 env=self.env,
                 cwd=ROOT,
                 stdout=out,

@@ -67,7 +67,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from settings import QueueType
+from semel.settings import QueueType
 from tests.cluster.faults import FAULTS
 from tests.cluster.publish import PublishProof, publish_through_a_node_death
 from tests.cluster.run import ClusterConfig, ClusterReport, run_cluster

@@ -43,7 +43,7 @@ class BesideNode(Worker):
         with log.open("ab") as out:
             # `ip netns exec` execs the command: the pid is the consumer's own.
             self.proc = subprocess.Popen(
-                [*self.prefix, sys.executable, "-m", "consumer"],
+                [*self.prefix, sys.executable, "-m", "semel"],
                 env=self.env,
                 cwd=ROOT,
                 stdout=out,

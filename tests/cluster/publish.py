@@ -24,9 +24,9 @@ from typing import Any
 
 import aio_pika
 
-from consumer.broker.topology import declare
-from consumer.container import topology_of
-from settings import Settings
+from semel.consumer.broker.topology import declare
+from semel.consumer.container import topology_of
+from semel.settings import Settings
 from tests.chaos.producer import KEY_HEADER
 from tests.conftest import settings_env
 from tests.rabbit_cluster import ClusterNode, RabbitCluster
@@ -92,7 +92,7 @@ async def publish_through_a_node_death(
 
     proof = PublishProof(count)
     prefix = f"pub-{run}"
-    argv = [sys.executable, "-m", "consumer.commands.app", "publish", "--count", str(count),
+    argv = [sys.executable, "-m", "semel.consumer.commands.app", "publish", "--count", str(count),
             "--key-prefix", prefix, "--rate", f"{rate:g}", "--json", "--no-progress"]  # fmt: skip
     proc = await asyncio.create_subprocess_exec(
         *argv, env=settings_env(settings), cwd=ROOT,

@@ -34,10 +34,10 @@ from typing import Any
 
 import aio_pika
 
-from consumer.broker.topology import declare
-from consumer.container import topology_of
-from consumer.delivery.decide import Outcome
-from settings import QueueType, Settings
+from semel.consumer.broker.topology import declare
+from semel.consumer.container import topology_of
+from semel.consumer.delivery.decide import Outcome
+from semel.settings import QueueType, Settings
 from tests.chaos.drain import Drain
 from tests.chaos.ledger import LEDGER_ENV, read_runs
 from tests.chaos.processes import private_dir

@@ -29,10 +29,10 @@ import contextlib
 import random
 import time
 
-from consumer.broker.management import QueueState, queue_states
-from consumer.broker.topology import queue_specs
-from consumer.container import topology_of
-from settings import QueueType, Settings
+from semel.consumer.broker.management import QueueState, queue_states
+from semel.consumer.broker.topology import queue_specs
+from semel.consumer.container import topology_of
+from semel.settings import QueueType, Settings
 from tests.chaos.producer import Order, order_body
 from tests.chaos.workers import Pool
 from tests.cluster.faults import FaultRecord, new_leader

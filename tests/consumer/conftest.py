@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from settings import Settings
-from stores.base import Store
+from semel.settings import Settings
+from semel.stores.base import Store
 from tests.conftest import SettingsFactory, open_store
 from tests.consumer.handlers import LEDGER_ENV
 from tests.consumer.harness import Broker, InProcessConsumer

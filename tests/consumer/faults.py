@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
-from stores.base import JSON, Claim, Outcome, Record, Store
-from stores.errors import StoreUnavailable
+from semel.stores.base import JSON, Claim, Outcome, Record, Store
+from semel.stores.errors import StoreUnavailable
 
 
 class FaultyStore(Store):

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from consumer import Context, PermanentError
+from semel.consumer import Context, PermanentError
 
 LEDGER_ENV = "SEMEL_TEST_LEDGER"
 ALLOW_DIE_ENV = "SEMEL_TEST_ALLOW_DIE"  # only a consumer subprocess may kill itself

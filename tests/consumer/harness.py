@@ -25,12 +25,12 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiormq.exceptions import ChannelNotFoundEntity
 from dependency_injector import providers
 
-from consumer.broker.topology import declare, queue_specs
-from consumer.commands.consume import run_consumer
-from consumer.container import Container, topology_of
-from consumer.names import Topology
-from settings import Settings
-from stores.base import Store
+from semel.consumer.broker.topology import declare, queue_specs
+from semel.consumer.commands.consume import run_consumer
+from semel.consumer.container import Container, topology_of
+from semel.consumer.names import Topology
+from semel.settings import Settings
+from semel.stores.base import Store
 from tests.conftest import settings_env
 from tests.proxy import TcpProxy as TcpProxy  # re-exported: tests import it from here
 from tests.servers import ROOT
@@ -201,7 +201,7 @@ class InProcessConsumer:
 
 
 class ConsumerProcess:
-    """``python -m consumer`` as a real process."""
+    """``python -m semel`` as a real process."""
 
     def __init__(self, settings: Settings, log: Path, **env: str) -> None:
         self.env = settings_env(settings) | env
@@ -211,7 +211,7 @@ class ConsumerProcess:
     def start(self) -> ConsumerProcess:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "consumer"],
+                [sys.executable, "-m", "semel"],
                 env=self.env,
                 cwd=ROOT,
                 stdout=out,

@@ -12,7 +12,7 @@ from uuid import UUID
 
 import pydantic
 
-from consumer import Context
+from semel.consumer import Context
 from tests.consumer.handlers import record
 
 ORDER_ID = UUID("6f1c1b0e-2d5e-4c33-9a57-3c8f3f1b9b10")

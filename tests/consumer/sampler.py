@@ -14,10 +14,10 @@ from typing import Any
 
 import aio_pika
 
-from consumer.broker.delays import DelayReturns
-from consumer.broker.topology import queue_specs
-from consumer.container import topology_of
-from settings import Settings
+from semel.consumer.broker.delays import DelayReturns
+from semel.consumer.broker.topology import queue_specs
+from semel.consumer.container import topology_of
+from semel.settings import Settings
 
 SAMPLE_EVERY = 0.02  # seconds; delay queues hold a message for 0.2 s at the least
 

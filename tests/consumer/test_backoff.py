@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from consumer.backoff import Backoff, pause
+from semel.consumer.backoff import Backoff, pause
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from consumer.delivery.batching import Batcher, BatchingStore
-from stores.base import (
+from semel.consumer.delivery.batching import Batcher, BatchingStore
+from semel.stores.base import (
     Claim,
     ClaimRequest,
     Completion,
@@ -19,7 +19,7 @@ from stores.base import (
     Status,
     Store,
 )
-from stores.errors import KeyRefused, StoreUnavailable
+from semel.stores.errors import KeyRefused, StoreUnavailable
 from tests.conftest import StoreFactory
 from tests.consumer.harness import eventually
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from consumer.names import Topology
-from stores.base import DelegatingStore, Status, Store
-from stores.errors import StoreUnavailable
+from semel.consumer.names import Topology
+from semel.stores.base import DelegatingStore, Status, Store
+from semel.stores.errors import StoreUnavailable
 from tests.conftest import open_store
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
 from tests.consumer.harness import Broker, eventually

@@ -12,10 +12,10 @@ from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-from consumer.broker.copies import dead_letter_copy, parked_copy, retry_copy, returned_copy
-from consumer.delivery.decide import DeadLetter, Retry, bounded
-from consumer.delivery.facts import Facts, Origin, first_seen
-from consumer.names import (
+from semel.consumer.broker.copies import dead_letter_copy, parked_copy, retry_copy, returned_copy
+from semel.consumer.delivery.decide import DeadLetter, Retry, bounded
+from semel.consumer.delivery.facts import Facts, Origin, first_seen
+from semel.consumer.names import (
     BROKER_HEADERS,
     ERROR_HEADER_LIMIT,
     H_ATTEMPTS,
@@ -129,7 +129,7 @@ def test_first_seen_survives_retries() -> None:
 def test_now_iso_is_isoformat_to_the_millisecond() -> None:
     from datetime import UTC, datetime
 
-    from consumer.delivery.facts import now_iso
+    from semel.consumer.delivery.facts import now_iso
 
     for _ in range(3):
         before = datetime.now(UTC).replace(microsecond=datetime.now(UTC).microsecond // 1000 * 1000)

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from consumer import PermanentError
-from consumer.delivery.decide import (
+from semel.consumer import PermanentError
+from semel.consumer.delivery.decide import (
     MISMATCH_ERROR,
     Ack,
     DeadLetter,
@@ -23,11 +23,11 @@ from consumer.delivery.decide import (
     decide_by_record,
     describe,
 )
-from consumer.delivery.decide import Outcome as Settled
-from consumer.delivery.facts import attempt_of
-from consumer.errors import HandlerTimeout
-from consumer.names import DELIVERY_LIMIT, H_ATTEMPTS, RETURNS_BEFORE_DETOUR, Reason, returns
-from stores.base import POISON_ERROR, Claim, Outcome, Record, Status
+from semel.consumer.delivery.decide import Outcome as Settled
+from semel.consumer.delivery.facts import attempt_of
+from semel.consumer.errors import HandlerTimeout
+from semel.consumer.names import DELIVERY_LIMIT, H_ATTEMPTS, RETURNS_BEFORE_DETOUR, Reason, returns
+from semel.stores.base import POISON_ERROR, Claim, Outcome, Record, Status
 
 POLICY = RetryPolicy(delays=(1, 5, 30), max_attempts=4)
 

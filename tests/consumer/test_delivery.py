@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from consumer.delivery.message import fingerprint
-from consumer.names import (
+from semel.consumer.delivery.message import fingerprint
+from semel.consumer.names import (
     ERROR_HEADER_LIMIT,
     H_ATTEMPTS,
     H_DEAD_LETTERED_AT,
@@ -27,8 +27,8 @@ from consumer.names import (
     H_REASON,
     Topology,
 )
-from settings import Settings
-from stores.base import Status, Store
+from semel.settings import Settings
+from semel.stores.base import Status, Store
 from tests.consumer.conftest import CONSUMER_BACKENDS, ConsumerSettings, StartConsumer
 from tests.consumer.handlers import read_ledger
 from tests.consumer.harness import (

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 import structlog
 
-from consumer.broker.topology import queue_specs
-from consumer.container import topology_of
-from consumer.errors import TopologyMismatch
-from consumer.names import DELIVERY_LIMIT, RETURNS_BEFORE_DETOUR, Topology
-from consumer.runtime import supervise
-from settings import Settings
-from stores.base import Outcome, Status, Store
+from semel.consumer.broker.topology import queue_specs
+from semel.consumer.container import topology_of
+from semel.consumer.errors import TopologyMismatch
+from semel.consumer.names import DELIVERY_LIMIT, RETURNS_BEFORE_DETOUR, Topology
+from semel.consumer.runtime import supervise
+from semel.settings import Settings
+from semel.stores.base import Outcome, Status, Store
 from tests.conftest import Rabbitmqctl, open_store
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
 from tests.consumer.faults import FaultyStore

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from consumer.broker.settle import UNCONFIRMED_PAUSE
-from consumer.names import DLQ_ROUTING_KEY, H_ATTEMPTS, H_ERROR, Topology
-from settings import Settings
-from stores.base import Status, Store
+from semel.consumer.broker.settle import UNCONFIRMED_PAUSE
+from semel.consumer.names import DLQ_ROUTING_KEY, H_ATTEMPTS, H_ERROR, Topology
+from semel.settings import Settings
+from semel.stores.base import Status, Store
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
 from tests.consumer.handlers import read_ledger
 from tests.consumer.harness import Broker, eventually

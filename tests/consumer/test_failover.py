@@ -20,10 +20,10 @@ import orjson
 import pytest
 from yarl import URL
 
-from consumer.broker import connection as broker_connection
-from consumer.broker.connection import ClusterConnection, broker_urls, connect
-from settings import Settings
-from stores.base import Status, Store
+from semel.consumer.broker import connection as broker_connection
+from semel.consumer.broker.connection import ClusterConnection, broker_urls, connect
+from semel.settings import Settings
+from semel.stores.base import Status, Store
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
 from tests.consumer.handlers import read_ledger
 from tests.consumer.harness import Broker, TcpProxy, eventually

@@ -10,9 +10,9 @@ from urllib.parse import urlsplit
 import pytest
 from dependency_injector import providers
 
-from consumer.names import Topology
-from settings import Settings
-from stores.base import Status, Store
+from semel.consumer.names import Topology
+from semel.settings import Settings
+from semel.stores.base import Status, Store
 from tests.conftest import open_store
 from tests.consumer.conftest import CONSUMER_BACKENDS, KEPT_LEASE, ConsumerSettings, StartConsumer
 from tests.consumer.faults import FaultyStore

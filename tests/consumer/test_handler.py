@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from consumer.delivery.handler import Context, Handler, load_handler
-from consumer.delivery.lease import Lease, Renewal, run_leased
-from consumer.errors import HandlerLoadError, HandlerTimeout, LeaseLost
-from stores.base import Store
-from stores.errors import StoreUnavailable
+from semel.consumer.delivery.handler import Context, Handler, load_handler
+from semel.consumer.delivery.lease import Lease, Renewal, run_leased
+from semel.consumer.errors import HandlerLoadError, HandlerTimeout, LeaseLost
+from semel.stores.base import Store
+from semel.stores.errors import StoreUnavailable
 from tests.conftest import StoreFactory
 from tests.consumer.faults import FaultyStore
 from tests.consumer.handlers import blocking, scripted
@@ -59,9 +59,9 @@ def test_bad_handler_specs_are_one_line_errors(spec: str, message: str) -> None:
 
 
 def test_default_handler_loads() -> None:
-    from consumer.examples import order_paid
+    from semel.consumer.examples import order_paid
 
-    assert load_handler("consumer.examples:order_paid") is order_paid
+    assert load_handler("semel.consumer.examples:order_paid") is order_paid
 
 
 @pytest.fixture
@@ -95,7 +95,7 @@ def test_a_handler_is_imported_from_the_app_dir(project: str, tmp_path: Path) ->
 
 def test_an_app_dir_that_is_not_a_folder_is_one_line_error(tmp_path: Path) -> None:
     with pytest.raises(HandlerLoadError, match=r"^SEMEL_APP_DIR: '.*' is not a folder$"):
-        load_handler("consumer.examples:order_paid", app_dir=str(tmp_path / "absent"))
+        load_handler("semel.consumer.examples:order_paid", app_dir=str(tmp_path / "absent"))
 
 
 async def leased(handler: Handler, ctx: Context, store: Store, lease: Lease, limit: float) -> Any:

@@ -15,12 +15,12 @@ import aio_pika
 import pytest
 from aio_pika.abc import FieldValue
 
-from consumer.broker.delays import due_in
-from consumer.broker.settle import Settler
-from consumer.delivery.decide import NackToConflict, Outcome
-from consumer.names import DELIVERY_LIMIT, H_PARKED_AT, Topology
-from settings import Settings
-from stores.base import Status, Store
+from semel.consumer.broker.delays import due_in
+from semel.consumer.broker.settle import Settler
+from semel.consumer.delivery.decide import NackToConflict, Outcome
+from semel.consumer.names import DELIVERY_LIMIT, H_PARKED_AT, Topology
+from semel.settings import Settings
+from semel.stores.base import Status, Store
 from tests.conftest import Rabbitmqctl
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
 from tests.consumer.handlers import LEDGER_ENV

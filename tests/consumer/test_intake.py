@@ -18,10 +18,10 @@ from aiormq.exceptions import ChannelInvalidStateError
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-from consumer.broker import intake as intake_module
-from consumer.broker.copies import copy_message
-from consumer.broker.intake import AmqpDelivery, Intake
-from consumer.errors import AlreadySettled
+from semel.consumer.broker import intake as intake_module
+from semel.consumer.broker.copies import copy_message
+from semel.consumer.broker.intake import AmqpDelivery, Intake
+from semel.consumer.errors import AlreadySettled
 from tests.consumer.harness import eventually
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import structlog
 
-from consumer.delivery import log_lines
-from consumer.delivery.handler import Context, start_in_thread
-from consumer.delivery.log_lines import SUMMARY_EVENT, Summary, bound_to
+from semel.consumer.delivery import log_lines
+from semel.consumer.delivery.handler import Context, start_in_thread
+from semel.consumer.delivery.log_lines import SUMMARY_EVENT, Summary, bound_to
 
 pytestmark = pytest.mark.timeout(10)
 

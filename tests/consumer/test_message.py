@@ -10,16 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumer.delivery.facts import Origin, origin
-from consumer.delivery.message import (
+from semel.consumer.delivery.facts import Origin, origin
+from semel.consumer.delivery.message import (
     KeySource,
     best_effort_key,
     fingerprint,
     parse,
     parse_body,
 )
-from consumer.errors import BadMessage
-from consumer.names import H_ORIGINAL_EXCHANGE, H_ORIGINAL_ROUTING_KEY, Reason
+from semel.consumer.errors import BadMessage
+from semel.consumer.names import H_ORIGINAL_EXCHANGE, H_ORIGINAL_ROUTING_KEY, Reason
 
 LIMIT = 1024
 HEADER = KeySource.parse("header:Idempotency-Key")

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from consumer.delivery.message import fingerprint
-from stores.base import Claim, ClaimRequest, DelegatingStore, Outcome, Status, Store
-from stores.errors import KeyRefused, StoreMisconfigured, StoreUnavailable
+from semel.consumer.delivery.message import fingerprint
+from semel.stores.base import Claim, ClaimRequest, DelegatingStore, Outcome, Status, Store
+from semel.stores.errors import KeyRefused, StoreMisconfigured, StoreUnavailable
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
 from tests.consumer.handlers import read_ledger
 from tests.consumer.harness import Broker, eventually

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from consumer.delivery.pressure import START, Pressure
+from semel.consumer.delivery.pressure import START, Pressure
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -1,4 +1,4 @@
-"""``python -m consumer`` as a real process: crashes, restarts, signals, start-up errors."""
+"""``python -m semel`` as a real process: crashes, restarts, signals, start-up errors."""
 
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from consumer import Context
-from consumer.broker.topology import queue_specs
-from consumer.container import topology_of
-from consumer.delivery.message import fingerprint
-from consumer.names import Topology
-from settings import LogFormat, LogLevel, Settings
-from stores.base import Outcome, Status, Store
+from semel.consumer import Context
+from semel.consumer.broker.topology import queue_specs
+from semel.consumer.container import topology_of
+from semel.consumer.delivery.message import fingerprint
+from semel.consumer.names import Topology
+from semel.settings import LogFormat, LogLevel, Settings
+from semel.stores.base import Outcome, Status, Store
 from tests.conftest import settings_env
 from tests.consumer.conftest import CONSUMER_BACKENDS, KEPT_LEASE, ConsumerSettings
 from tests.consumer.handlers import ALLOW_DIE_ENV, LEDGER_ENV, read_ledger, record
@@ -248,7 +248,7 @@ async def _consumers(broker: Broker, queue: str, count: int) -> bool:
 
 def run_consumer(settings: Settings, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "consumer"],
+        [sys.executable, "-m", "semel"],
         env=settings_env(settings) | env,
         cwd=ROOT,
         capture_output=True,
@@ -317,7 +317,7 @@ async def test_the_bundled_example_handler_runs_from_the_environment_alone(
     """The bundled example handler with nothing but the environment, like the Procfile."""
     default = settings.model_copy(
         update={
-            "handler": "consumer.examples:order_paid",
+            "handler": "semel.consumer.examples:order_paid",
             "log_format": LogFormat.JSON,
             "log_level": LogLevel.DEBUG,
         }

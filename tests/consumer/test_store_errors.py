@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from consumer.names import ERROR_HEADER_LIMIT, H_REASON, Reason, Topology
-from settings import Settings
-from stores.base import JSON, Claim, ClaimRequest, Completion, DelegatingStore, Status, Store
-from stores.errors import KeyRefused, StoreUnavailable
+from semel.consumer.names import ERROR_HEADER_LIMIT, H_REASON, Reason, Topology
+from semel.settings import Settings
+from semel.stores.base import JSON, Claim, ClaimRequest, Completion, DelegatingStore, Status, Store
+from semel.stores.errors import KeyRefused, StoreUnavailable
 from tests.conftest import open_store
 from tests.consumer.conftest import CONSUMER_BACKENDS, ConsumerSettings, StartConsumer
 from tests.consumer.handlers import read_ledger

@@ -19,8 +19,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from stores.base import Status, Store
-from stores.errors import EXIT_LEASE_LOST
+from semel.stores.base import Status, Store
+from semel.stores.errors import EXIT_LEASE_LOST
 from tests.consumer.conftest import KEPT_LEASE, ConsumerSettings
 from tests.consumer.handlers import LEDGER_ENV, read_ledger
 from tests.consumer.harness import Broker, ConsumerProcess, TcpProxy, eventually, processes

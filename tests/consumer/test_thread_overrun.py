@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from consumer.names import H_REASON, Reason, Topology
-from settings import Settings
+from semel.consumer.names import H_REASON, Reason, Topology
+from semel.settings import Settings
 from tests.consumer.conftest import KEPT_LEASE, ConsumerSettings, StartConsumer
 from tests.consumer.handlers import read_ledger
 from tests.consumer.harness import Broker, InProcessConsumer, eventually

@@ -10,8 +10,8 @@ from typing import Any
 import orjson
 import pytest
 
-from consumer.names import H_ERROR, H_REASON, H_VALIDATION_ERRORS
-from stores.base import Status, Store
+from semel.consumer.names import H_ERROR, H_REASON, H_VALIDATION_ERRORS
+from semel.stores.base import Status, Store
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
 from tests.consumer.handlers import read_ledger
 from tests.consumer.harness import Broker, eventually

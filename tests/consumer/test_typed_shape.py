@@ -11,12 +11,12 @@ import orjson
 import pytest
 from pydantic import BaseModel
 
-from consumer import Context
-from consumer.broker.copies import dead_letter_copy
-from consumer.delivery.decide import decide_bad_message
-from consumer.delivery.facts import Facts, Origin
-from consumer.delivery.message import Parsed
-from consumer.delivery.typed import (
+from semel.consumer import Context
+from semel.consumer.broker.copies import dead_letter_copy
+from semel.consumer.delivery.decide import decide_bad_message
+from semel.consumer.delivery.facts import Facts, Origin
+from semel.consumer.delivery.message import Parsed
+from semel.consumer.delivery.typed import (
     MAX_ERRORS,
     VALIDATION_ERRORS_LIMIT,
     AsyncTypedHandler,
@@ -26,9 +26,9 @@ from consumer.delivery.typed import (
     bounded_errors,
     shape_of,
 )
-from consumer.errors import BadMessage, HandlerLoadError, InvalidBody
-from consumer.names import H_VALIDATION_ERRORS, Reason
-from consumer.ops.metrics import Metrics, timed
+from semel.consumer.errors import BadMessage, HandlerLoadError, InvalidBody
+from semel.consumer.names import H_VALIDATION_ERRORS, Reason
+from semel.consumer.ops.metrics import Metrics, timed
 from tests.consumer import typed_handlers
 from tests.consumer.handlers import blocking, scripted
 from tests.consumer.typed_handlers import OrderPaid, Parcel

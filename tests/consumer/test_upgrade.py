@@ -14,9 +14,9 @@ from typing import Any
 import aio_pika
 import pytest
 
-from consumer.names import Topology
-from settings import Settings
-from stores.base import Status, Store
+from semel.consumer.names import Topology
+from semel.settings import Settings
+from semel.stores.base import Status, Store
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
 from tests.consumer.harness import Broker, eventually
 from tests.consumer.test_delivery import finished, runs, status_is

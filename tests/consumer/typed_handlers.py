@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
-from consumer import Context
+from semel.consumer import Context
 from tests.consumer.handlers import record
 
 if TYPE_CHECKING:  # as a linter moves an import only annotations use
-    from consumer import Context as LaterContext
+    from semel.consumer import Context as LaterContext
 
 
 class OrderPaid(BaseModel):

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from settings import Settings, load_settings
+from semel.settings import Settings, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"

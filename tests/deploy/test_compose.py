@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from settings import StoreKind
+from semel.settings import StoreKind
 from tests.deploy.manifests import (
     COMPOSE,
     DEPLOY,

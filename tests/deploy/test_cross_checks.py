@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import typer
 
-from consumer.commands.app import app
+from semel.consumer.commands.app import app
 from tests.deploy.manifests import (
     DEPLOY,
     DEPLOY_FILES,

@@ -257,7 +257,7 @@ def test_everything_the_dockerfile_copies_is_in_the_build_context() -> None:
         "tests/conftest.py",
         "semel.db",
         "semel.db-wal",
-        "consumer/__pycache__/cli.cpython-311.pyc",
+        "semel/consumer/__pycache__/cli.cpython-311.pyc",
         "deploy/k8s/secret.yaml",
     ],
 )

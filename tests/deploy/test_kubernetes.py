@@ -10,7 +10,7 @@ import pytest
 from cloudcoil.models.keda.v1alpha1 import ScaledObject, TriggerAuthentication
 from pydantic import BaseModel
 
-from settings import StoreKind
+from semel.settings import StoreKind
 from tests.deploy.manifests import (
     K8S,
     Document,

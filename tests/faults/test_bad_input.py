@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from consumer.delivery.message import fingerprint
-from consumer.names import H_KEY, H_REASON, Topology
-from settings import Settings
-from stores.base import Status, Store
+from semel.consumer.delivery.message import fingerprint
+from semel.consumer.names import H_KEY, H_REASON, Topology
+from semel.settings import Settings
+from semel.stores.base import Status, Store
 from tests.consumer.conftest import CONSUMER_BACKENDS, ConsumerSettings, StartConsumer
 from tests.consumer.handlers import read_ledger
 from tests.consumer.harness import Broker, eventually

@@ -27,10 +27,10 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError, ReadTimeoutError
 
-from stores import dynamodb
-from stores.base import Claim, ClaimRequest, Completion, Outcome, Status, Store
-from stores.dynamodb_table import DENIED, TRANSIENT
-from stores.errors import EXIT_USAGE, KeyRefused, StoreMisconfigured, StoreUnavailable
+from semel.stores import dynamodb
+from semel.stores.base import Claim, ClaimRequest, Completion, Outcome, Status, Store
+from semel.stores.dynamodb_table import DENIED, TRANSIENT
+from semel.stores.errors import EXIT_USAGE, KeyRefused, StoreMisconfigured, StoreUnavailable
 from tests.conftest import SettingsFactory, StoreFactory
 from tests.fences import clock_us, started_fresh
 from tests.servers import free_port

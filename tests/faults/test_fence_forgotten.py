@@ -21,8 +21,8 @@ import pytest
 from psycopg import sql
 from redis.asyncio import Redis
 
-from settings import Settings
-from stores.base import Outcome, Store
+from semel.settings import Settings
+from semel.stores.base import Outcome, Store
 from tests.conftest import BACKENDS, SettingsFactory, StoreFactory
 
 pytestmark = pytest.mark.timeout(60)

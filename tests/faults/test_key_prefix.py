@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from consumer.broker.topology import queue_specs
-from consumer.container import topology_of
-from consumer.names import Topology
-from settings import Settings
-from stores.base import Status, Store
+from semel.consumer.broker.topology import queue_specs
+from semel.consumer.container import topology_of
+from semel.consumer.names import Topology
+from semel.settings import Settings
+from semel.stores.base import Status, Store
 from tests.conftest import open_store
 from tests.consumer.conftest import CONSUMER_BACKENDS, ConsumerSettings, StartConsumer
 from tests.consumer.handlers import read_ledger

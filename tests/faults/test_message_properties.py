@@ -1,4 +1,4 @@
-"""Generated inputs for the pure message reading of ``consumer.delivery.message``: no servers.
+"""Generated inputs for the pure message reading of ``semel.consumer.delivery.message``: no servers.
 
 Whatever headers and body arrive, reading a delivery either gives a valid
 key and a fingerprint or raises :class:`BadMessage` with one of the parsing
@@ -18,15 +18,15 @@ import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
-from consumer.delivery.message import (
+from semel.consumer.delivery.message import (
     KeySource,
     Parsed,
     fingerprint,
     parse,
     parse_body,
 )
-from consumer.errors import BadMessage
-from consumer.names import MAX_KEY_LENGTH, Reason
+from semel.consumer.errors import BadMessage
+from semel.consumer.names import MAX_KEY_LENGTH, Reason
 
 pytestmark = pytest.mark.timeout(120)
 

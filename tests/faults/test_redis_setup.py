@@ -17,7 +17,7 @@ pytestmark = pytest.mark.timeout(60)
 def migrate(url: str) -> subprocess.CompletedProcess[str]:
     env = {"SEMEL_STORE": "redis", "SEMEL_REDIS_URL": url, "PATH": "/usr/bin:/bin"}
     return subprocess.run(
-        [sys.executable, "-m", "consumer.commands.app", "migrate"],
+        [sys.executable, "-m", "semel.consumer.commands.app", "migrate"],
         env=env,
         capture_output=True,
         text=True,

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from redis.crc import key_slot
 
-from settings import Settings
-from stores.base import Status, Store
-from stores.redis_buckets import stored_key
+from semel.settings import Settings
+from semel.stores.base import Status, Store
+from semel.stores.redis_buckets import stored_key
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
 from tests.consumer.handlers import read_ledger
 from tests.consumer.harness import Broker, eventually

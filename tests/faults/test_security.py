@@ -1,7 +1,7 @@
 """Security basics: secrets stay out of output, TLS settings reach the clients.
 
 Secrets are checked the way an operator would meet them: the output of a
-real ``python -m consumer`` or ``semel inspect`` process that failed because
+real ``python -m semel`` or ``semel inspect`` process that failed because
 of a wrong password or an unreachable server. TLS is shown to be attempted
 by what a plain-TCP listener receives first (a TLS handshake record, or
 PostgreSQL's SSLRequest) and by the clients' SSL errors against the local
@@ -38,7 +38,7 @@ PG_SSL_REQUEST = struct.pack("!ii", 8, 80877103)
 def semel(env: dict[str, str], *args: str, limit: float = 40) -> subprocess.CompletedProcess[str]:
     """``semel ARGS`` as a process; output is stdout and stderr together."""
     return subprocess.run(
-        [sys.executable, "-m", "consumer.commands.app", *args],
+        [sys.executable, "-m", "semel.consumer.commands.app", *args],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -115,7 +115,7 @@ def test_the_amqp_password_never_reaches_the_output(
 ) -> None:
     env = base_env | {"SEMEL_AMQP_URL": url, "SEMEL_LOG_FORMAT": log_format}
     done = subprocess.run(
-        [sys.executable, "-m", "consumer"], env=env, cwd=ROOT, capture_output=True, text=True,
+        [sys.executable, "-m", "semel"], env=env, cwd=ROOT, capture_output=True, text=True,
         timeout=40, check=False,
     )  # fmt: skip
     # Nothing listening is worth a restart (1); a refused login is not (2).

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from consumer.names import Topology
+from semel.consumer.names import Topology
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
 from tests.consumer.handlers import LEDGER_ENV, read_ledger
 from tests.consumer.harness import Broker, ConsumerProcess, TcpProxy, processes

@@ -4,7 +4,7 @@ A condition that passes (a read-only standby, a lock or statement timeout, a
 role out of connections, a locked or full database) is ``StoreUnavailable``;
 a store that is reachable but not set up for semel (privileges revoked, a
 dropped table, a read-only database file) is ``StoreMisconfigured``. Nothing
-raw escapes (``stores.postgres_errors``, ``stores.sqlite_errors``).
+raw escapes (``semel.stores.postgres_errors``, ``semel.stores.sqlite_errors``).
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import pytest
 from psycopg import AsyncConnection, sql
 from psycopg.conninfo import make_conninfo
 
-import stores.sqlite
-from stores import postgres, postgres_tx
-from stores.base import ClaimRequest, Completion, Outcome, Store, StoreConfig
-from stores.errors import StoreMisconfigured, StoreUnavailable
-from stores.outbox import Outbox
-from stores.postgres import PostgresStore
-from stores.postgres_tx import TransactionalStore
+import semel.stores.sqlite
+from semel.stores import postgres, postgres_tx
+from semel.stores.base import ClaimRequest, Completion, Outcome, Store, StoreConfig
+from semel.stores.errors import StoreMisconfigured, StoreUnavailable
+from semel.stores.outbox import Outbox
+from semel.stores.postgres import PostgresStore
+from semel.stores.postgres_tx import TransactionalStore
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -238,7 +238,9 @@ async def test_postgres_a_role_out_of_connections_is_unavailable_at_open(
 
 
 async def sqlite_store(path: Path) -> Store:
-    return await stores.sqlite.open_store(path=str(path), table="semel_keys", config=StoreConfig())
+    return await semel.stores.sqlite.open_store(
+        path=str(path), table="semel_keys", config=StoreConfig()
+    )
 
 
 @contextlib.contextmanager
@@ -263,7 +265,7 @@ def mounted(target: Path, *options: str, read_only: bool = False) -> Iterator[Pa
 async def test_sqlite_a_database_locked_past_the_busy_timeout_is_unavailable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(stores.sqlite, "BUSY_TIMEOUT", 0.2)
+    monkeypatch.setattr(semel.stores.sqlite, "BUSY_TIMEOUT", 0.2)
     path = tmp_path / "semel.db"
     store = await sqlite_store(path)
     try:

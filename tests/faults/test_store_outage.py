@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from stores.base import Status, Store
-from stores.postgres import POOL_TIMEOUT
+from semel.stores.base import Status, Store
+from semel.stores.postgres import POOL_TIMEOUT
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
 from tests.consumer.handlers import read_ledger
 from tests.consumer.harness import Broker, TcpProxy, eventually

@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 
-from consumer import Context
-from consumer.names import Topology
-from stores.base import Status, Store
+from semel.consumer import Context
+from semel.consumer.names import Topology
+from semel.stores.base import Status, Store
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
 from tests.consumer.harness import Broker, TcpProxy
 from tests.consumer.test_delivery import only_dead_letters

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from settings import Settings
+from semel.settings import Settings
 from tests.consumer.harness import Broker, eventually
 from tests.install.fresh import Venv
 from tests.install.honcho import Honcho, honcho_start
@@ -30,11 +30,16 @@ HANDLER = '''\
 
 import os
 
-from consumer import Context
+# The project's own top-level modules, named as semel's packages once were:
+# each side must get its own.
+import settings
+import stores
+
+from semel.consumer import Context
 
 
 def record(ctx: Context) -> None:
-    fd = os.open(os.environ["HANDLED_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(stores.log_path(), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (ctx.key + "\\n").encode())
     finally:
@@ -48,6 +53,11 @@ def write_project(folder: Path) -> Path:
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
     (package / "handlers.py").write_text(HANDLER)
+    (project / "settings.py").write_text('LOG_VARIABLE = "HANDLED_LOG"\n')
+    (project / "stores.py").write_text(
+        "import os\n\nimport settings\n\n\n"
+        "def log_path() -> str:\n    return os.environ[settings.LOG_VARIABLE]\n"
+    )
     (project / "Procfile").write_text("worker: semel consume\n")
     (project / ".env").write_text("SEMEL_HANDLER=myservice.handlers:record\n")
     return project

@@ -8,9 +8,9 @@ from typing import Any, cast
 
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
-from consumer.delivery.facts import Delivery, Facts, Origin
-from stores.base import JSON, Claim, Outcome, Record, Status, Store, StoreConfig
-from stores.errors import StoreUnavailable
+from semel.consumer.delivery.facts import Delivery, Facts, Origin
+from semel.stores.base import JSON, Claim, Outcome, Record, Status, Store, StoreConfig
+from semel.stores.errors import StoreUnavailable
 
 
 def record(*, fence: int = 1, claims: int = 1) -> Record:

@@ -6,7 +6,7 @@ from typing import Any
 
 from opentelemetry import trace
 
-from consumer import Context
+from semel.consumer import Context
 
 
 async def charge(context: Context) -> Any:

@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 
-from consumer import Context
+from semel.consumer import Context
 
 USER_LOGGER = "myservice.handlers"
 NOISY_LOGGERS = ("aiormq", "aio_pika", "botocore.credentials", "urllib3.connectionpool", "asyncio")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from settings import LogFormat, LogLevel, Settings
+from semel.settings import LogFormat, LogLevel, Settings
 from tests.consumer.conftest import ConsumerSettings
 from tests.consumer.harness import ROUTING_KEY, Broker, ConsumerProcess, processes
 from tests.ops.log_handlers import CAUGHT, NOISY_LINE, NOISY_WARNING, USER_LOGGER

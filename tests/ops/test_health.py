@@ -12,15 +12,15 @@ import orjson
 import pytest
 from dependency_injector import providers
 
-from consumer.commands.consume import run_consumer
-from consumer.container import Container
-from consumer.errors import EXIT_FAILURE, ListenError, SemelError
-from consumer.ops import httpd
-from consumer.ops.health import Health
-from consumer.ops.httpd import open_operations
-from consumer.ops.metered import MeteredStore
-from consumer.ops.metrics import Metrics
-from settings import Settings
+from semel.consumer.commands.consume import run_consumer
+from semel.consumer.container import Container
+from semel.consumer.errors import EXIT_FAILURE, ListenError, SemelError
+from semel.consumer.ops import httpd
+from semel.consumer.ops.health import Health
+from semel.consumer.ops.httpd import open_operations
+from semel.consumer.ops.metered import MeteredStore
+from semel.consumer.ops.metrics import Metrics
+from semel.settings import Settings
 from tests.consumer.harness import eventually
 from tests.ops.conftest import http
 from tests.ops.fakes import ScriptedStore, StubConnection, connection
@@ -153,7 +153,9 @@ async def test_a_busy_port_stops_start_up_with_one_line_and_exit_1() -> None:
                 pass
         container = Container()
         container.settings.override(
-            providers.Object(Settings(metrics_port=port, handler="consumer.examples:order_paid"))
+            providers.Object(
+                Settings(metrics_port=port, handler="semel.consumer.examples:order_paid")
+            )
         )
         with pytest.raises(SemelError) as stopped:
             await run_consumer(container, asyncio.Event())

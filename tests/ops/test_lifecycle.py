@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from consumer.delivery.message import fingerprint
-from stores.base import Outcome, Status, Store
+from semel.consumer.delivery.message import fingerprint
+from semel.stores.base import Outcome, Status, Store
 from tests.consumer.conftest import ConsumerSettings
 from tests.consumer.harness import Broker, ConsumerProcess, TcpProxy, eventually, processes
 from tests.consumer.test_delivery import status_is
@@ -19,7 +19,7 @@ from tests.servers import free_port
 pytestmark = pytest.mark.timeout(90)
 
 LEASE = 9.0  # a store call's deadline of 3 s; the key must be free well before the lease ends
-EXAMPLE = "consumer.examples:order_paid"
+EXAMPLE = "semel.consumer.examples:order_paid"
 
 
 # PostgreSQL: psycopg has no timeout of its own, so the call is the deadline

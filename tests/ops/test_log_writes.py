@@ -17,7 +17,7 @@ pytestmark = pytest.mark.timeout(60)
 LINES = 5000
 SCRIPT = f"""
 import logging, threading, structlog
-from consumer.ops.logs import LogSetup, configure
+from semel.consumer.ops.logs import LogSetup, configure
 
 configure(LogSetup(as_json=True))
 

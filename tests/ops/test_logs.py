@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from settings import LogFormat, LogLevel
+from semel.settings import LogFormat, LogLevel
 from tests.consumer.conftest import ConsumerSettings
 from tests.consumer.harness import Broker, processes
 from tests.consumer.test_delivery import settle_all

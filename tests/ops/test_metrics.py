@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from consumer.names import Reason
-from consumer.ops.metrics import FENCED_OPERATIONS
-from stores.base import Store
+from semel.consumer.names import Reason
+from semel.consumer.ops.metrics import FENCED_OPERATIONS
+from semel.stores.base import Store
 from tests.conftest import open_store
 from tests.consumer.conftest import KEPT_LEASE, ConsumerSettings, StartConsumer
 from tests.consumer.faults import FaultyStore

@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from consumer.delivery.decide import (
+from semel.consumer.delivery.decide import (
     Ack,
     Applied,
     DeadLetter,
@@ -21,16 +21,16 @@ from consumer.delivery.decide import (
     Settle,
     is_takeover,
 )
-from consumer.delivery.decide import Outcome as Settled
-from consumer.delivery.handler import Context, is_async
-from consumer.delivery.observe import Observer
-from consumer.names import Reason
-from consumer.ops.metered import MeteredStore
-from consumer.ops.metrics import STORE_OPERATIONS, Metrics, MetricsObserver, timed
-from consumer.ops.spans import SpanObserver
-from consumer.ops.tracing import traced
-from stores.base import Outcome
-from stores.errors import StoreUnavailable
+from semel.consumer.delivery.decide import Outcome as Settled
+from semel.consumer.delivery.handler import Context, is_async
+from semel.consumer.delivery.observe import Observer
+from semel.consumer.names import Reason
+from semel.consumer.ops.metered import MeteredStore
+from semel.consumer.ops.metrics import STORE_OPERATIONS, Metrics, MetricsObserver, timed
+from semel.consumer.ops.spans import SpanObserver
+from semel.consumer.ops.tracing import traced
+from semel.stores.base import Outcome
+from semel.stores.errors import StoreUnavailable
 from tests.ops.fakes import ScriptedStore, claim, delivery, message
 
 pytestmark = pytest.mark.timeout(10)

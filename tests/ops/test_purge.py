@@ -11,9 +11,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from consumer.runtime.purge import purge
-from settings import Settings
-from stores.base import Outcome, Store
+from semel.consumer.runtime.purge import purge
+from semel.settings import Settings
+from semel.stores.base import Outcome, Store
 from tests.conftest import SettingsFactory, StoreFactory, open_store
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
 from tests.consumer.harness import Broker, eventually
@@ -22,7 +22,7 @@ from tests.servers import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
-EXAMPLE = "consumer.examples:order_paid"
+EXAMPLE = "semel.consumer.examples:order_paid"
 FP = "f" * 64
 
 

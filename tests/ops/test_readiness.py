@@ -12,7 +12,7 @@ import orjson
 import psycopg
 import pytest
 
-from settings import Settings
+from semel.settings import Settings
 from tests.conftest import open_store
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
 from tests.consumer.harness import Broker, TcpProxy, eventually

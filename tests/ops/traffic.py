@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from settings import Settings
+from semel.settings import Settings
 from tests.consumer.harness import Broker, ConsumerProcess, eventually
 from tests.ops.conftest import Samples, http, scrape
 
@@ -42,7 +42,7 @@ async def send_duplicates(broker: Broker, settings: Settings, traffic: Traffic) 
 
 
 async def started(settings: Settings, log: Path) -> ConsumerProcess:
-    """``python -m consumer`` with ``settings``, once its endpoint says it is ready."""
+    """``python -m semel`` with ``settings``, once its endpoint says it is ready."""
     worker = ConsumerProcess(settings, log).start()
 
     async def ready() -> bool:

@@ -35,6 +35,6 @@ class Uninstalled(importlib.abc.MetaPathFinder):
 if __name__ == "__main__":
     names = {n.strip() for n in os.environ.get(UNINSTALLED_ENV, "").split(",") if n.strip()}
     sys.meta_path.insert(0, Uninstalled(names))
-    from consumer.commands.app import main
+    from semel.consumer.commands.app import main
 
     main()

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from settings import ConfigError, load_settings, redact
-from settings.amqp import amqp_addresses
+from semel.settings import ConfigError, load_settings, redact
+from semel.settings.amqp import amqp_addresses
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -94,7 +94,7 @@ def test_the_consumer_refuses_a_bad_address_at_start_up_with_exit_2() -> None:
     env["SEMEL_AMQP_URL"] = f"amqp://app:{SECRET}@mq-1,mq-2:notaport/"
     env["SEMEL_METRICS_PORT"] = "0"
     proc = subprocess.run(
-        [sys.executable, "-m", "consumer"],
+        [sys.executable, "-m", "semel"],
         env=env,
         capture_output=True,
         text=True,

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from settings import ConfigError, Settings, StoreKind, load_settings, redact
+from semel.settings import ConfigError, Settings, StoreKind, load_settings, redact
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -145,7 +145,7 @@ def test_cli_bad_setting_exits_2_with_one_line() -> None:
         "SEMEL_STORE": "postgres",
     }
     proc = subprocess.run(
-        [sys.executable, "-m", "consumer.commands.app", "migrate"],
+        [sys.executable, "-m", "semel.consumer.commands.app", "migrate"],
         env=env,
         capture_output=True,
         text=True,
@@ -221,8 +221,8 @@ def test_the_retry_chain_repeats_the_last_tier(
 
 
 def test_transactional_mode_defaults_its_prefetch_to_its_connections() -> None:
-    from settings.model import TRANSACTIONAL_CONNECTIONS
-    from stores.postgres_tx import POOL_MAX
+    from semel.settings.model import TRANSACTIONAL_CONNECTIONS
+    from semel.stores.postgres_tx import POOL_MAX
 
     assert POOL_MAX[1] == TRANSACTIONAL_CONNECTIONS  # one setting per connection of the pool
     settings = load_settings(store="postgres", transactional=True)

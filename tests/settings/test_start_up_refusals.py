@@ -18,7 +18,7 @@ from tests.settings.blocked_import import UNINSTALLED_ENV
 
 pytestmark = pytest.mark.timeout(60)
 
-EXAMPLE = "consumer.examples:order_paid"
+EXAMPLE = "semel.consumer.examples:order_paid"
 SECRET = "n0t-the-passw0rd"
 
 

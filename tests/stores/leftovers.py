@@ -1,11 +1,11 @@
-"""What of a store is still running: tasks running code of the ``stores`` package."""
+"""What of a store is still running: tasks running code of the ``semel.stores`` package."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
-import stores
+from semel import stores
 
 STORES = Path(stores.__file__).parent
 

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from multiprocessing.synchronize import Barrier
 from typing import TypeVar
 
-from settings import Settings
-from stores.base import ClaimRequest, Outcome
-from stores.errors import KeyRefused
+from semel.settings import Settings
+from semel.stores.base import ClaimRequest, Outcome
+from semel.stores.errors import KeyRefused
 from tests.conftest import open_store
 
 Outcomes = dict[str, list[tuple[str, int]]]

@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from stores.base import ClaimRequest, Completion, Outcome, Status, Store
+from semel.stores.base import ClaimRequest, Completion, Outcome, Status, Store
 from tests.conftest import CONTRACT_BACKENDS, SettingsFactory, StoreFactory
 from tests.fences import clock_us, started_fresh
 from tests.stores.race import assert_one_winner_per_key, decided

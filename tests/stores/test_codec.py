@@ -8,7 +8,7 @@ from uuid import UUID
 import orjson
 import pytest
 
-from stores.codec import dump_result, load_result
+from semel.stores.codec import dump_result, load_result
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from stores.base import Outcome, Status, Store
-from stores.errors import ResultTooLarge, StoreUnavailable
+from semel.stores.base import Outcome, Status, Store
+from semel.stores.errors import ResultTooLarge, StoreUnavailable
 from tests.conftest import CONTRACT_BACKENDS, SettingsFactory, StoreFactory, open_store
 from tests.fences import clock_us, started_fresh
 from tests.stores.race import assert_one_winner_per_key

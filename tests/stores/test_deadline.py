@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from settings import Settings
-from stores.base import Outcome
-from stores.deadline import DeadlineStore
-from stores.errors import StoreUnavailable
+from semel.settings import Settings
+from semel.stores.base import Outcome
+from semel.stores.deadline import DeadlineStore
+from semel.stores.errors import StoreUnavailable
 from tests.conftest import SettingsFactory, open_store
 from tests.consumer.harness import eventually
 from tests.proxy import TcpProxy

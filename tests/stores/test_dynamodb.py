@@ -12,12 +12,12 @@ from typing import Any, cast
 import boto3
 import pytest
 
-from settings import Settings
-from stores import dynamodb_table
-from stores.base import Claim, Outcome, Status, Store
-from stores.dynamodb import RESULT_LIMIT, DynamoDBStore
-from stores.dynamodb_items import TTL_ATTRIBUTE, Instant, Item, decide, number, string
-from stores.errors import ResultTooLarge, StoreMisconfigured
+from semel.settings import Settings
+from semel.stores import dynamodb_table
+from semel.stores.base import Claim, Outcome, Status, Store
+from semel.stores.dynamodb import RESULT_LIMIT, DynamoDBStore
+from semel.stores.dynamodb_items import TTL_ATTRIBUTE, Instant, Item, decide, number, string
+from semel.stores.errors import ResultTooLarge, StoreMisconfigured
 from tests.conftest import SettingsFactory, StoreFactory, open_store
 from tests.fences import clock_us, started_fresh
 

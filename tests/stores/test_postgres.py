@@ -10,9 +10,9 @@ from typing import Any, cast
 import psycopg
 import pytest
 
-from stores.errors import StoreUnavailable
-from stores.postgres import PostgresStore, pool_size
-from stores.postgres_sql import schema
+from semel.stores.errors import StoreUnavailable
+from semel.stores.postgres import PostgresStore, pool_size
+from semel.stores.postgres_sql import schema
 from tests.conftest import SettingsFactory, StoreFactory, open_store
 
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "deploy" / "postgres-schema.sql"

@@ -10,8 +10,8 @@ import orjson
 import psycopg
 import pytest
 
-from stores.base import ClaimRequest, Completion, Outcome, Store
-from stores.postgres import PostgresStore
+from semel.stores.base import ClaimRequest, Completion, Outcome, Store
+from semel.stores.postgres import PostgresStore
 from tests.conftest import StoreFactory
 from tests.fences import clock_us, started_fresh
 from tests.stores.race import decided

@@ -13,10 +13,10 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from stores.base import Claim, ClaimRequest, Completion, Outcome, Status, Store, answer_of
-from stores.errors import KeyRefused, StoreUnavailable
-from stores.redis import COMMAND_TIMEOUT, NO_PERSISTENCE
-from stores.redis_eval import Script, pack, pack_script
+from semel.stores.base import Claim, ClaimRequest, Completion, Outcome, Status, Store, answer_of
+from semel.stores.errors import KeyRefused, StoreUnavailable
+from semel.stores.redis import COMMAND_TIMEOUT, NO_PERSISTENCE
+from semel.stores.redis_eval import Script, pack, pack_script
 from tests.conftest import SettingsFactory, StoreFactory, open_store
 from tests.fences import clock_us, started_fresh
 from tests.servers import free_port, wait_for_port

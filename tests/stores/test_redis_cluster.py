@@ -15,13 +15,13 @@ from redis.asyncio.connection import AbstractConnection
 from redis.crc import key_slot
 from redis.exceptions import AskError, ClusterCrossSlotError, MovedError, TryAgainError
 
-from settings import Settings
-from stores.base import ClaimRequest, Completion, Outcome, Status, Store
-from stores.errors import StoreMisconfigured, StoreUnavailable
-from stores.redis_buckets import stored_key
-from stores.redis_errors import store_error
-from stores.redis_setup import FEW_REPLICAS, NO_PERSISTENCE
-from stores.redis_slots import NOT_A_CLUSTER
+from semel.settings import Settings
+from semel.stores.base import ClaimRequest, Completion, Outcome, Status, Store
+from semel.stores.errors import StoreMisconfigured, StoreUnavailable
+from semel.stores.redis_buckets import stored_key
+from semel.stores.redis_errors import store_error
+from semel.stores.redis_setup import FEW_REPLICAS, NO_PERSISTENCE
+from semel.stores.redis_slots import NOT_A_CLUSTER
 from tests.conftest import SettingsFactory, StoreFactory, open_store, settings_env
 from tests.redis_process import HOST
 from tests.redis_servers import Cluster, ClusterNode
@@ -182,7 +182,7 @@ def test_redirections_pass_under_cluster_and_misconfigure_one_server() -> None:
 
 def _migrate(settings: Settings) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "consumer.commands.app", "migrate"],
+        [sys.executable, "-m", "semel.consumer.commands.app", "migrate"],
         env=settings_env(settings),
         capture_output=True,
         text=True,

@@ -12,9 +12,9 @@ from typing import TypeVar
 
 import pytest
 
-from stores.base import ClaimRequest, Completion, Outcome, Store
-from stores.errors import StoreUnavailable
-from stores.redis_errors import NotReplicated
+from semel.stores.base import ClaimRequest, Completion, Outcome, Store
+from semel.stores.errors import StoreUnavailable
+from semel.stores.redis_errors import NotReplicated
 from tests.conftest import StoreFactory
 from tests.redis_servers import Cluster, SentinelSet
 from tests.stores.race import decided

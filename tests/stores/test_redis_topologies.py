@@ -10,9 +10,9 @@ import sys
 import pytest
 from redis.crc import key_slot
 
-from settings import Settings
-from stores.base import Outcome, Store
-from stores.redis_buckets import stored_key
+from semel.settings import Settings
+from semel.stores.base import Outcome, Store
+from semel.stores.redis_buckets import stored_key
 from tests.conftest import REDIS_TOPOLOGIES, SettingsFactory, StoreFactory, open_store, settings_env
 from tests.redis_process import Server
 from tests.redis_servers import Cluster, SentinelSet
@@ -56,7 +56,7 @@ async def test_a_forgotten_key_is_claimed_with_a_higher_fence(
 
 def _semel(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "consumer.commands.app", *args],
+        [sys.executable, "-m", "semel.consumer.commands.app", *args],
         env=settings_env(settings),
         capture_output=True,
         text=True,

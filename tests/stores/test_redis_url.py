@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from settings import ConfigError, load_settings, redact
-from stores.redis_url import Mode, parse
+from semel.settings import ConfigError, load_settings, redact
+from semel.stores.redis_url import Mode, parse
 
 SECRET = "pa55-w0rd"
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from stores.base import ClaimRequest, Completion, Outcome, Status, StoreConfig
-from stores.errors import StoreUnavailable
-from stores.redis import open_store
-from stores.redis_errors import NotReplicated
-from stores.redis_setup import FEW_REPLICAS
+from semel.stores.base import ClaimRequest, Completion, Outcome, Status, StoreConfig
+from semel.stores.errors import StoreUnavailable
+from semel.stores.redis import open_store
+from semel.stores.redis_errors import NotReplicated
+from semel.stores.redis_setup import FEW_REPLICAS
 from tests.conftest import StoreFactory
 from tests.proxy import TcpProxy
 from tests.redis_process import HOST, Server, Topology, until

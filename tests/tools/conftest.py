@@ -18,12 +18,12 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from typer.testing import CliRunner
 
-from consumer import names
-from consumer.broker import topology
-from consumer.commands.app import app
-from consumer.container import topology_of
-from consumer.names import Reason, Topology
-from settings import Settings
+from semel.consumer import names
+from semel.consumer.broker import topology
+from semel.consumer.commands.app import app
+from semel.consumer.container import topology_of
+from semel.consumer.names import Reason, Topology
+from semel.settings import Settings
 from tests.conftest import SettingsFactory, settings_env
 
 
@@ -84,7 +84,7 @@ async def semel(settings: Settings, *args: str) -> Outcome:
 def semel_process(settings: Settings, *args: str) -> Outcome:
     """Run ``semel`` as a separate process, the way an operator does."""
     proc = subprocess.run(
-        [sys.executable, "-m", "consumer.commands.app", *args],
+        [sys.executable, "-m", "semel.consumer.commands.app", *args],
         env=settings_env(settings),
         capture_output=True,
         text=True,

@@ -12,14 +12,14 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiormq.exceptions import DeliveryError
 
-from consumer import names
-from consumer.broker import dead_letters as dlq
-from consumer.broker import topology
-from consumer.container import topology_of
-from consumer.names import Reason, Topology
-from settings import Settings
-from stores.base import Outcome, Store
-from stores.errors import StoreUnavailable
+from semel.consumer import names
+from semel.consumer.broker import dead_letters as dlq
+from semel.consumer.broker import topology
+from semel.consumer.container import topology_of
+from semel.consumer.names import Reason, Topology
+from semel.settings import Settings
+from semel.stores.base import Outcome, Store
+from semel.stores.errors import StoreUnavailable
 from tests.conftest import Rabbitmqctl, StoreFactory
 from tests.tools.conftest import (
     FINGERPRINT,

@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from consumer import names
-from consumer.broker.dead_letters import DlqEntry, Selection, parse_instant, replay_headers
-from consumer.names import Reason
+from semel.consumer import names
+from semel.consumer.broker.dead_letters import DlqEntry, Selection, parse_instant, replay_headers
+from semel.consumer.names import Reason
 
 INSTANT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
-from consumer.broker import topology
-from consumer.broker.topology import queue_specs
-from consumer.container import topology_of
-from consumer.delivery.message import fingerprint
-from consumer.names import Reason, Topology
-from settings import Settings
-from stores.base import Outcome, Store
+from semel.consumer.broker import topology
+from semel.consumer.broker.topology import queue_specs
+from semel.consumer.container import topology_of
+from semel.consumer.delivery.message import fingerprint
+from semel.consumer.names import Reason, Topology
+from semel.settings import Settings
+from semel.stores.base import Outcome, Store
 from tests.conftest import Rabbitmqctl, SettingsFactory, open_store
 from tests.consumer.conftest import FAST
 from tests.consumer.handlers import LEDGER_ENV, read_ledger

@@ -10,10 +10,10 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel
 
-from consumer.commands.bad_inputs import EXPECTED_REASON, BadKind
-from consumer.delivery.message import KeySource, parse
-from consumer.errors import BadMessage
-from settings import Settings
+from semel.consumer.commands.bad_inputs import EXPECTED_REASON, BadKind
+from semel.consumer.delivery.message import KeySource, parse
+from semel.consumer.errors import BadMessage
+from semel.settings import Settings
 from tests.tools.conftest import drain, header, semel, semel_process, wait_for_depth
 
 pytestmark = pytest.mark.timeout(60)

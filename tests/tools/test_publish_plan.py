@@ -7,10 +7,10 @@ from collections import Counter
 
 import pytest
 
-from consumer.commands.bad_inputs import EXPECTED_REASON, BadKind
-from consumer.commands.traffic import Outgoing, PublishPlan, build_messages, default_body
-from consumer.delivery.message import KeySource, parse
-from consumer.errors import BadMessage, PlanError
+from semel.consumer.commands.bad_inputs import EXPECTED_REASON, BadKind
+from semel.consumer.commands.traffic import Outgoing, PublishPlan, build_messages, default_body
+from semel.consumer.delivery.message import KeySource, parse
+from semel.consumer.errors import BadMessage, PlanError
 
 LIMIT = 4096
 HEADER = KeySource.parse("header:Idempotency-Key")
@@ -41,8 +41,8 @@ def test_count_duplicates_and_copies() -> None:
 
 
 def test_default_body_is_an_order_paid_event_the_example_handler_accepts() -> None:
-    from consumer.delivery.handler import Context
-    from consumer.examples import order_paid
+    from semel.consumer.delivery.handler import Context
+    from semel.consumer.examples import order_paid
 
     body = default_body("p-1")
     assert body == default_body("p-1")

@@ -15,8 +15,8 @@ from aio_pika.abc import AbstractExchange
 from aiormq.exceptions import AMQPConnectionError
 from pamqp.commands import Basic
 
-from consumer.commands.traffic import PublishPlan, build_messages, publish_all
-from consumer.delivery.message import KeySource
+from semel.consumer.commands.traffic import PublishPlan, build_messages, publish_all
+from semel.consumer.delivery.message import KeySource
 
 pytestmark = pytest.mark.timeout(10)
 

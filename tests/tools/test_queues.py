@@ -22,13 +22,13 @@ import pytest
 import structlog
 from dependency_injector import providers
 
-from consumer.broker.management import ManagementError, QueueState, management_url_of
-from consumer.broker.topology import declare
-from consumer.container import Container, shutdown, topology_of
-from consumer.names import Topology
-from consumer.ops.held import watch_held
-from consumer.ops.metrics import Metrics
-from settings import Settings
+from semel.consumer.broker.management import ManagementError, QueueState, management_url_of
+from semel.consumer.broker.topology import declare
+from semel.consumer.container import Container, shutdown, topology_of
+from semel.consumer.names import Topology
+from semel.consumer.ops.held import watch_held
+from semel.consumer.ops.metrics import Metrics
+from semel.settings import Settings
 from tests.chaos.rabbit import RabbitNode, bindable
 from tests.conftest import SettingsFactory, rabbitmq_lane
 from tests.consumer.harness import eventually

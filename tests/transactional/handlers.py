@@ -33,11 +33,11 @@ from typing import Any, ParamSpec, TypeVar
 import psycopg
 from psycopg import sql
 
-from consumer import PermanentError
-from consumer.transactional import TransactionalContext
-from consumer.transactional.relay import Relay
-from stores.base import JSON
-from stores.postgres_tx import TransactionalStore
+from semel.consumer import PermanentError
+from semel.consumer.transactional import TransactionalContext
+from semel.consumer.transactional.relay import Relay
+from semel.stores.base import JSON
+from semel.stores.postgres_tx import TransactionalStore
 from tests.consumer.handlers import ALLOW_DIE_ENV
 
 KILL_AT_ENV = "SEMEL_TEST_KILL_AT"

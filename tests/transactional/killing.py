@@ -2,7 +2,7 @@
 clean run, then the count: business rows per key and messages that came out.
 
 Each round publishes fresh keys (and second copies of some), starts
-``python -m consumer`` with one kill point armed, and waits for it to die. Keys
+``python -m semel`` with one kill point armed, and waits for it to die. Keys
 left claimed by a dead process come back once their lease runs out, so every
 round also replays earlier rounds' unfinished work under new kills.
 """
@@ -21,9 +21,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from settings import Settings
-from stores.base import Status
-from stores.postgres_tx import TransactionalStore
+from semel.settings import Settings
+from semel.stores.base import Status
+from semel.stores.postgres_tx import TransactionalStore
 from tests.consumer.handlers import ALLOW_DIE_ENV
 from tests.consumer.harness import Broker, ConsumerProcess, eventually, processes
 from tests.transactional.conftest import Downstream

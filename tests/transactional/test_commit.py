@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from psycopg import AsyncConnection
 
-from stores.base import Status, Store
+from semel.stores.base import Status, Store
 from tests.conftest import SettingsFactory, open_store
 from tests.consumer.harness import Broker, InProcessConsumer, eventually
 from tests.consumer.test_delivery import finished, settle_all, status_is

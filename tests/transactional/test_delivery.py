@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from psycopg import AsyncConnection, sql
 
-from consumer.delivery.message import fingerprint
-from consumer.errors import SemelError
-from consumer.names import Topology
-from settings import ConfigError, load_settings
-from stores.base import Status, Store
+from semel.consumer.delivery.message import fingerprint
+from semel.consumer.errors import SemelError
+from semel.consumer.names import Topology
+from semel.settings import ConfigError, load_settings
+from semel.stores.base import Status, Store
 from tests.conftest import SettingsFactory, open_store
 from tests.consumer.harness import Broker, InProcessConsumer, eventually
 from tests.consumer.sampler import sampling

@@ -9,7 +9,7 @@ import pytest
 from psycopg import AsyncConnection
 
 from examples.transactional_orders import SCHEMA
-from stores.base import Status
+from semel.stores.base import Status
 from tests.conftest import SettingsFactory, open_store
 from tests.consumer.harness import Broker, InProcessConsumer, eventually
 from tests.consumer.test_delivery import finished, settle_all, status_is

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from consumer.names import Topology
-from stores.postgres_tx import TransactionalStore
+from semel.consumer.names import Topology
+from semel.stores.postgres_tx import TransactionalStore
 from tests.conftest import SettingsFactory, open_store
 from tests.consumer.harness import Broker
 from tests.transactional.conftest import Downstream

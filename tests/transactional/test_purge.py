@@ -8,9 +8,9 @@ import orjson
 import pytest
 from psycopg import AsyncConnection, sql
 
-from consumer.runtime.purge import purge
-from settings import Settings
-from stores.postgres_tx import TransactionalStore
+from semel.consumer.runtime.purge import purge
+from semel.settings import Settings
+from semel.stores.postgres_tx import TransactionalStore
 from tests.conftest import SettingsFactory, StoreFactory
 from tests.tools.conftest import semel
 from tests.transactional.test_store import FP, order

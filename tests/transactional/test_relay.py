@@ -15,11 +15,11 @@ import pytest
 from aio_pika.abc import AbstractChannel
 from psycopg import AsyncConnection
 
-from consumer.names import IDEMPOTENCY_HEADER
-from consumer.transactional.relay import Relay
-from stores.base import JSON
-from stores.outbox import Outbox, OutboxMessage
-from stores.postgres_tx import TransactionalStore
+from semel.consumer.names import IDEMPOTENCY_HEADER
+from semel.consumer.transactional.relay import Relay
+from semel.stores.base import JSON
+from semel.stores.outbox import Outbox, OutboxMessage
+from semel.stores.postgres_tx import TransactionalStore
 from tests.conftest import StoreFactory
 from tests.transactional.conftest import Downstream, rows
 

@@ -12,11 +12,11 @@ import psycopg
 import pytest
 from psycopg import AsyncConnection, sql
 
-from stores.base import JSON, Outcome, Status
-from stores.errors import FencedOut, StoreUnavailable
-from stores.outbox import Outbox
-from stores.outbox import schema as outbox_schema
-from stores.postgres_tx import TransactionalStore, Work
+from semel.stores.base import JSON, Outcome, Status
+from semel.stores.errors import FencedOut, StoreUnavailable
+from semel.stores.outbox import Outbox
+from semel.stores.outbox import schema as outbox_schema
+from semel.stores.postgres_tx import TransactionalStore, Work
 from tests.conftest import SettingsFactory, StoreFactory, open_store
 from tests.stores.test_postgres import statements
 from tests.transactional.conftest import rows

@@ -1,9 +1,0 @@
-"""``python -m consumer`` runs the consumer, like ``semel consume``."""
-
-from consumer.commands.app import main
-
-if __name__ == "__main__":
-    import sys
-
-    sys.argv[1:1] = ["consume"]
-    main()

@@ -1,0 +1,61 @@
+"""The store's commands: ``semel migrate``, ``semel inspect KEY`` and ``semel purge``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import datetime
+from typing import Annotated, Any
+
+import orjson
+import typer
+
+from semel.consumer.commands.common import echo_json, fail, run_with_store
+from semel.consumer.runtime.purge import PurgeReport, purge
+from semel.stores.base import Store
+
+
+def migrate_command() -> None:
+    """Create the store's table, index and TTL settings (safe to run twice)."""
+    warnings = run_with_store(lambda store: store.migrate())
+    for warning in warnings:
+        typer.echo(f"semel: warning: {warning}", err=True)
+    typer.echo("store ready")
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(type(value).__name__)
+
+
+def inspect_command(
+    key: Annotated[str, typer.Argument(help="the idempotency key, without prefix")],
+) -> None:
+    """Print a key's record as JSON."""
+    record = run_with_store(lambda store: store.get(key))
+    if record is None:
+        fail(f"no record for key {key!r}")
+    data = orjson.dumps(asdict(record), default=_json_default, option=orjson.OPT_INDENT_2)
+    typer.echo(data.decode())
+
+
+def purge_command(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
+) -> None:
+    """Delete keys past retention and outbox messages sent before it (safe any time)."""
+
+    async def run(store: Store) -> tuple[str, PurgeReport]:
+        return store.backend, await purge(store)
+
+    backend, report = run_with_store(run)
+    if as_json:
+        echo_json(asdict(report))
+    else:
+        typer.echo(report.summary(backend))
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``migrate``, ``inspect`` and ``purge`` to the ``semel`` application."""
+    app.command("migrate")(migrate_command)
+    app.command("inspect")(inspect_command)
+    app.command("purge")(purge_command)

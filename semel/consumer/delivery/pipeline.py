@@ -1,0 +1,410 @@
+"""One delivery, start to end: parse -> key -> claim -> run -> record -> settle.
+
+:meth:`Pipeline.handle` reads as that sequence; each step is a small method.
+Every store write after a claim is fenced by it, and every decision is a value
+(:mod:`semel.consumer.delivery.decide`) handed to a :class:`Settler`, the broker's
+side, which never calls back. A store that cannot be reached never sends a
+message to the DLQ: the delivery is handed back (``Requeue``) and the worker
+pauses until the store answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import structlog
+
+from semel.consumer.delivery.decide import (
+    SHUTDOWN,
+    Ack,
+    Applied,
+    Copied,
+    DeadLetter,
+    Detour,
+    NackToConflict,
+    Outcome,
+    Requeue,
+    Retry,
+    RetryPolicy,
+    Run,
+    Settle,
+    decide_after_claim,
+    decide_after_failure,
+    decide_after_success,
+    decide_bad_message,
+    decide_by_record,
+    decide_store_error,
+    describe,
+)
+from semel.consumer.delivery.facts import Delivery, Facts, gather
+from semel.consumer.delivery.handler import Context, Handler
+from semel.consumer.delivery.lease import HEARTBEATS_PER_LEASE, Lease, Renewal, run_leased
+from semel.consumer.delivery.log_lines import Summary, bound_to
+from semel.consumer.delivery.message import Incoming, MessageRules, Parsed, best_effort_key, parse
+from semel.consumer.delivery.observe import Observer
+from semel.consumer.delivery.pressure import Pressure
+from semel.consumer.delivery.results import storable
+from semel.consumer.delivery.typed import body_of
+from semel.consumer.delivery.writes import write_fenced
+from semel.consumer.errors import BadMessage, LeaseLost
+from semel.consumer.names import RETURNS_BEFORE_DETOUR, returns
+from semel.stores.base import Store
+from semel.stores.errors import StoreError, StoreMisconfigured
+
+log = structlog.get_logger("semel.pipeline")
+
+_RELEASE_WAIT = 5.0  # seconds a cut-short delivery waits to release its claim
+# Seconds a stop gives a plain handler's thread, which cannot be cancelled, to
+# end after the grace: one that ends in time is recorded as usual; the key of
+# one still running stays held until it ends or the process exits.
+THREAD_STOP_WAIT = 5.0
+# A store answer slower than this share of the lease lets fewer deliveries at
+# the store (see semel.consumer.delivery.pressure): half the third of the lease after
+# which a claim is given up and a call abandoned, so the limit bites before
+# leases are at risk.
+PRESSURE_TARGET = 1 / 6
+
+
+class Settler(Protocol):
+    """The broker's side of settling, implemented by
+    :class:`semel.consumer.broker.settle.Settler`."""
+
+    async def copy(self, message: Incoming, decision: Copied, facts: Facts) -> bool:
+        """Publish the retry copy or dead letter; ``True`` once the broker confirmed it."""
+
+    async def finish(self, message: Incoming, decision: Settle) -> Applied:
+        """Ack or nack ``message`` as ``decision`` says (a copied one: ack)."""
+
+    async def give_back(self, message: Incoming) -> Applied:
+        """Hand ``message`` back: its copy was not confirmed."""
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    """The values one delivery is processed with."""
+
+    queue: str
+    rules: MessageRules
+    lock_ttl: float
+    handler_timeout: float
+    retry: RetryPolicy
+    in_flight: int = 256  # deliveries at the store at once while it answers quickly
+    log_acks: bool = False  # an ACKed delivery's line is at debug: below that, not even built
+
+
+class Pipeline:
+    """Processes deliveries of the work queue; safe to run concurrently."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        handler: Handler,
+        settler: Settler,
+        config: PipelineConfig,
+        observer: Observer | None = None,
+    ) -> None:
+        self._store = store
+        self._handler = handler
+        self._body = body_of(handler)  # a typed handler's body type, validated before the claim
+        self._settler = settler
+        self._config = config
+        self._observer = observer or Observer()
+        # Tasks of deliveries whose handler has ended: a stop lets them record
+        # the outcome and settle (see :meth:`concluding`).
+        self._concluding: set[asyncio.Task[Any]] = set()
+        self._pressure = Pressure(
+            config.in_flight, config.lock_ttl * PRESSURE_TARGET, self._observer.admitting
+        )
+        self.summary = Summary()
+
+    async def handle(self, message: Incoming) -> Settle:
+        """Process and settle ``message``; returns the decision applied."""
+        with self._observer.delivery(message):
+            delivery, parsed = self._read(message)
+            if returns(delivery.headers) >= RETURNS_BEFORE_DETOUR:
+                # Further returns could bring it to the broker's delivery limit,
+                # where the message would be dropped; nothing is claimed.
+                return await self._settle(delivery, Detour())
+            if isinstance(parsed, BadMessage):
+                return await self._settle(delivery, decide_bad_message(parsed))
+            admitted_at = await self._pressure.admit()
+            try:
+                return await self._claimed(delivery, parsed)
+            finally:
+                self._pressure.leave(admitted_at)
+
+    def concluding(self, task: asyncio.Task[Any]) -> bool:
+        """Whether ``task``'s handler has ended and its outcome is being recorded and
+        settled. A stop must not cut such a delivery short: the key would be held
+        for nobody until its lease ran out, and then the work it did would run
+        again (seen with plain handlers ending just as a rolling restart began)."""
+        return task in self._concluding
+
+    async def _claimed(self, delivery: Delivery, parsed: Parsed) -> Settle:
+        step = await self._claim(delivery, parsed)
+        if not isinstance(step, Lease):
+            return await self._settle(delivery, step)
+        # Renewed from here until the outcome is stored, not only while the
+        # handler runs: a completion queued behind a slow store keeps its key.
+        renewal = Renewal(self._store, step, self._pressure.answered)
+        try:
+            decision = await self._run(delivery, parsed, renewal)
+            return await self._settle(delivery, decision, lease=step)
+        except Exception:
+            # A bug in semel, not the handler's failure: free the key now
+            # rather than when its lease runs out, and let the worker park
+            # the message. The release is fenced: a key settled meanwhile
+            # is left as it is.
+            await self._release(step, renewal)
+            raise
+        finally:
+            if (task := asyncio.current_task()) is not None:
+                self._concluding.discard(task)
+            await renewal.stop()
+
+    def _read(self, message: Incoming) -> tuple[Delivery, Parsed | BadMessage]:
+        """Parse the body and find the key; the facts of the delivery either way."""
+        started = time.monotonic()
+        headers = dict(message.headers)  # the one copy; the handler's context gets it too
+        rules = self._config.rules
+        parsed: Parsed | BadMessage
+        key: str | None = None
+        try:
+            parsed = parse(
+                message.body,
+                message.content_type,
+                headers,
+                message.message_id,
+                source=rules.source,
+                limit=rules.max_body_bytes,
+            )
+            key = parsed.key
+            if self._body is not None:
+                # Deterministic, so never claimed, like a malformed body: to the DLQ.
+                parsed = self._body.validate(parsed)
+        except BadMessage as bad:
+            parsed = bad
+            key = key or best_effort_key(headers, message.message_id, rules.source)
+        facts = gather(
+            headers, message.exchange or "", message.routing_key or "", self._config.queue, key
+        )
+        return Delivery(message, facts, headers, started), parsed
+
+    async def _claim(self, delivery: Delivery, parsed: Parsed) -> Settle | Lease:
+        """Claim the key: a lease to run under, or what to do instead."""
+        claimed_at = time.monotonic()
+        try:
+            claim = await self._store.claim(parsed.key, parsed.fingerprint)
+        except StoreError as exc:
+            return decide_store_error(exc)
+        finally:
+            self._pressure.answered(time.monotonic() - claimed_at)
+        delivery.fence = claim.fence
+        self._observer.claimed(claim, delivery.facts.attempt)
+        step = decide_after_claim(claim)
+        if not isinstance(step, Run):
+            return step
+        lease = Lease(parsed.key, step.fence, self._config.lock_ttl, renewed_at=claimed_at)
+        if lease.remaining() < lease.ttl * (1 - 1 / HEARTBEATS_PER_LEASE):
+            # The answer took longer than the first heartbeat may: a store this
+            # slow cannot be trusted to keep the lease alive, and the handler
+            # could outlive it. Free the key and wait for the store instead.
+            await self._release(lease)
+            waited = time.monotonic() - claimed_at
+            return Requeue(f"claim answered after {waited:.2f}s of a {lease.ttl:g}s lease")
+        return lease
+
+    async def _run(self, delivery: Delivery, parsed: Parsed, renewal: Renewal) -> Settle:
+        """Run the handler under ``renewal``'s lease, then record what it did; the
+        decision to settle."""
+        lease = renewal.lease
+        context = Context(
+            key=parsed.key,
+            body=parsed.body,
+            headers=delivery.headers,
+            routing_key=delivery.facts.origin.routing_key,
+            message_id=delivery.message.message_id,
+            attempt=delivery.facts.attempt,
+            fence=lease.fence,
+            validated=parsed.validated,
+        )
+        try:
+            with bound_to(context):
+                result = await run_leased(
+                    self._handler,
+                    context,
+                    renewal,
+                    self._config.handler_timeout,
+                    self._observer.overrun,
+                    stop_wait=THREAD_STOP_WAIT,
+                )
+        except asyncio.CancelledError:
+            await self._cut_short(delivery, renewal)
+            raise
+        except Exception as exc:
+            self._conclude()
+            return await self._record_failure(delivery, renewal, exc)
+        self._conclude()
+        return await self._record_success(lease, result)
+
+    def _conclude(self) -> None:
+        """The handler has ended: from here a stop lets the delivery finish."""
+        if (task := asyncio.current_task()) is not None:
+            self._concluding.add(task)
+
+    async def _record_success(self, lease: Lease, result: Any) -> Settle:
+        stored_form = storable(self._store, lease.key, result)
+        sent_at = time.monotonic()
+        try:
+            # Retried until the store answers, even past a bug in semel: the
+            # handler succeeded, and giving the key up would run it again.
+            stored = await write_fenced(
+                lease,
+                lambda: self._store.complete(lease.key, lease.fence, stored_form),
+                past_lease=True,
+            )
+        except StoreError as exc:  # refused for good, or a store not set up for semel
+            return decide_store_error(exc)
+        self._pressure.answered(time.monotonic() - sent_at)
+        return decide_after_success(stored)
+
+    async def _record_failure(self, delivery: Delivery, renewal: Renewal, exc: Exception) -> Settle:
+        if isinstance(exc, LeaseLost):
+            # Release nothing: the key belongs to the worker that took it over.
+            return NackToConflict(Outcome.LEASE_LOST)
+        if isinstance(exc, StoreError):  # the lease could not be kept
+            return decide_store_error(exc)
+        # The handler failed (or timed out): retry or dead-letter.
+        decision = decide_after_failure(exc, delivery.facts.attempt, self._config.retry)
+        if isinstance(decision, DeadLetter):
+            # Ownership is checked before the dead letter, and the key marked
+            # failed once it is confirmed; renewed until then.
+            return decision
+        lease = renewal.lease
+        await renewal.stop()  # a renewal landing after the release would hold the key
+        try:
+            released = await write_fenced(
+                lease, lambda: self._store.release(lease.key, lease.fence)
+            )
+            if released:
+                return decision
+            # Not released: taken over meanwhile (the new owner decides), or
+            # completed by this very claim (a COMMIT whose answer came too late).
+            record = await write_fenced(lease, lambda: self._store.get(lease.key))
+        except StoreError as store_exc:
+            return decide_store_error(store_exc)
+        return decide_by_record(record, lease.fence, decision.error) or NackToConflict(
+            Outcome.FENCED_OUT, error=decision.error
+        )
+
+    async def _settle(
+        self, delivery: Delivery, decision: Settle, *, lease: Lease | None = None
+    ) -> Settle:
+        """Apply ``decision``: the copy first, if any, then the ack or nack.
+
+        A dead letter of a key this worker claimed goes out only if the claim
+        still holds (read back: work that committed is never dead-lettered),
+        and the key is marked failed between the broker's confirm and the ACK,
+        so a key is never failed without its dead letter nor ACKed in progress.
+        """
+        message = delivery.message
+        if lease is not None and isinstance(decision, DeadLetter):
+            decision = await self._owned(lease, decision) or decision
+        if isinstance(decision, Retry | DeadLetter | Detour):
+            if not await self._settler.copy(message, decision, delivery.facts):
+                return self._report(delivery, decision, await self._settler.give_back(message))
+            if lease is not None and isinstance(decision, DeadLetter):
+                decision = await self._mark_failed(lease, decision)
+        return self._report(delivery, decision, await self._settler.finish(message, decision))
+
+    async def _owned(self, lease: Lease, decision: DeadLetter) -> Settle | None:
+        """``None`` while the claim holds; else what to do instead of the dead letter."""
+        try:
+            record = await write_fenced(lease, lambda: self._store.get(lease.key), past_lease=True)
+        except StoreError as exc:  # the key cannot be read: the dead letter goes out
+            log.warning("claim not read before its dead letter", key=lease.key, error=describe(exc))
+            return None
+        return decide_by_record(record, lease.fence, decision.error)
+
+    async def _mark_failed(self, lease: Lease, decision: DeadLetter) -> Settle:
+        """Mark the key failed after its dead letter was confirmed; what to settle with.
+
+        Retried until the store answers, with the key held meanwhile: ACKed
+        while still in progress, the key would run the dead-lettered handler
+        again for a late copy once its lease lapsed.
+        """
+        try:
+            marked = await write_fenced(
+                lease,
+                lambda: self._store.fail(lease.key, lease.fence, decision.error),
+                past_lease=True,
+            )
+        except StoreMisconfigured as exc:
+            # Handed back and consumption stops: never ACKed with the key in progress.
+            return decide_store_error(exc)
+        except StoreError as exc:  # this key cannot be held: no copy of it can run either
+            log.warning("key not marked failed", key=lease.key, error=describe(exc))
+            return decision
+        if not marked:
+            # Taken over while the store was away: the new owner runs it.
+            log.warning("dead letter sent, but its claim was taken over", key=lease.key)
+            return replace(decision, outcome=Outcome.FENCED_OUT)
+        return decision
+
+    async def _cut_short(self, delivery: Delivery, renewal: Renewal) -> None:
+        """Shutdown cut the handler short: free the key at once (unless its thread
+        still runs) and hand the message back."""
+        await self._release(renewal.lease, renewal)
+        await self._settle(delivery, SHUTDOWN)
+
+    async def _release(self, lease: Lease, renewal: Renewal | None = None) -> None:
+        """Free the key at once, if the store answers soon; else its lease runs out.
+
+        Never while a thread of this process still runs the handler: the key
+        stays held, renewed, until the thread ends or the process (and the
+        thread with it) exits, then is left to its lease; no other worker ever
+        runs it at the same time.
+        """
+        if renewal is not None:
+            await renewal.stop()  # a renewal landing after the release would hold the key
+        if lease.busy:
+            log.warning(
+                "handler thread still running; its key stays held until it ends or the "
+                "process exits, then its lease runs out",
+                key=lease.key,
+            )
+            return
+        try:
+            await asyncio.wait_for(self._store.release(lease.key, lease.fence), _RELEASE_WAIT)
+        except (StoreError, TimeoutError) as exc:
+            log.warning(
+                "claim not released; it expires by itself", key=lease.key, error=describe(exc)
+            )
+
+    def _report(self, delivery: Delivery, decision: Settle, applied: Applied) -> Settle:
+        """Tell the observer and the summary, and log the one line that says what
+        became of the delivery."""
+        self._observer.settled(delivery, decision, applied)
+        self.summary.add(applied.logged)
+        routine = isinstance(decision, Ack)
+        if routine and not self._config.log_acks:
+            return decision
+        facts = delivery.facts
+        fields: dict[str, Any] = {
+            "key": facts.key,
+            "fence": delivery.fence,
+            "attempt": facts.attempt,
+            "outcome": applied.logged,
+            "duration_ms": round((time.monotonic() - delivery.started) * 1000, 1),
+        }
+        if isinstance(decision, DeadLetter):
+            fields["reason"] = decision.reason.value
+        error = None if isinstance(decision, Ack) else decision.error
+        if error:
+            fields["error"] = error  # exception text, never the body
+        (log.debug if routine else log.info)("settled", **fields)
+        return decision

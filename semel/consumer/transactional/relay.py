@@ -1,0 +1,180 @@
+"""The outbox relay: publishes what transactional handlers committed, then marks it sent.
+
+Each consumer process runs one relay. It wakes up on every commit of its own
+process (the fast path) and every ``poll`` seconds otherwise (rows a crashed
+process left behind, refused rows whose back-off ended). A pass takes a batch
+of unsent rows under ``FOR UPDATE SKIP LOCKED``, publishes them through
+:func:`semel.consumer.broker.publishing.publish_confirmed` (confirmed, ``mandatory``,
+persistent), and marks the confirmed ones sent in the same transaction; relays
+of other processes skip the locked rows.
+
+Every message carries the row's ``message_id`` and, unless the handler set
+one, an ``Idempotency-Key`` header with the same value. A relay that dies
+between the broker's confirm and its commit sends those rows again: the copy
+has the same id, so a consumer downstream (semel, for one) drops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import aio_pika
+import structlog
+from aio_pika.abc import AbstractChannel, AbstractExchange
+from aiormq.exceptions import AMQPError, ChannelNotFoundEntity
+
+from semel.consumer.backoff import Backoff
+from semel.consumer.broker.publishing import Published, publish_confirmed
+from semel.consumer.names import DEFAULT_EXCHANGE, IDEMPOTENCY_HEADER
+from semel.stores.errors import StoreUnavailable
+from semel.stores.outbox import OutboxMessage
+from semel.stores.postgres_tx import TransactionalStore
+
+BATCH = 100  # rows per pass (and per transaction)
+POLL_INTERVAL = 1.0  # seconds between passes when no commit wakes the relay
+ERROR_BACKOFF = (0.5, 10.0)  # first and longest pause after a pass that failed
+STOP_WAIT = 5.0  # seconds a stopping relay gets to finish its pass
+
+log = structlog.get_logger("semel.outbox")
+
+
+def outgoing(row: OutboxMessage) -> aio_pika.Message:
+    """The AMQP message for ``row``, with a stable id (made persistent when published)."""
+    message_id = str(row.message_id)
+    headers: dict[str, Any] = dict(row.headers)
+    if not any(name.lower() == IDEMPOTENCY_HEADER.lower() for name in headers):
+        headers[IDEMPOTENCY_HEADER] = message_id
+    return aio_pika.Message(
+        row.body, headers=headers, content_type=row.content_type, message_id=message_id
+    )
+
+
+def refusal(outcome: Published | BaseException) -> str | None:
+    """Why the broker refused a message for good, or ``None`` when it did not.
+
+    ``outcome`` is the broker's answer to one publish, or what was raised
+    instead. A refused row waits out a back-off; one caught in a broken
+    channel or connection is simply tried again on the next pass.
+    """
+    if outcome is Published.RETURNED:
+        return "unroutable: no queue is bound for its routing key"
+    if outcome is Published.NACKED:
+        return "refused by the broker (basic.nack)"
+    if isinstance(outcome, ChannelNotFoundEntity):  # the broker closed the channel with a 404
+        return f"exchange not found: {outcome}"
+    return None
+
+
+class Relay:
+    """Moves committed outbox rows to the broker; one per consumer process."""
+
+    def __init__(
+        self,
+        store: TransactionalStore,
+        channel: AbstractChannel,
+        *,
+        batch: int = BATCH,
+        poll: float = POLL_INTERVAL,
+    ) -> None:
+        self._store = store
+        self._channel = channel
+        self._batch = batch
+        self._poll = poll
+        self._exchanges: dict[str, AbstractExchange] = {}
+        self._stopping = asyncio.Event()
+
+    async def relay_once(self) -> int:
+        """One pass: at most one batch; returns how many rows it took."""
+        return await self._store.relay(self._batch, self._publish)
+
+    async def run(self) -> None:
+        """Pass after pass until :meth:`stop`; store and broker trouble only pause it."""
+        backoff = Backoff(*ERROR_BACKOFF)
+        while not self._stopping.is_set():
+            self._store.commits.clear()
+            try:
+                taken = await self.relay_once()
+            except Exception as exc:  # the relay must outlive any one failed pass
+                pause = backoff.next()
+                if isinstance(exc, StoreUnavailable | AMQPError | ConnectionError | TimeoutError):
+                    log.warning("outbox relay pass failed", error=repr(exc), retry_in=pause)
+                else:
+                    log.exception("outbox relay pass failed unexpectedly", retry_in=pause)
+                # Not Backoff.wait(): a stop must end the pause at once.
+                await self._idle(pause, wake_on_commit=False)
+                continue
+            backoff.reset()
+            if taken < self._batch:  # a full batch means more may be waiting
+                await self._idle(self._poll, wake_on_commit=True)
+
+    async def stop(self, task: asyncio.Task[None]) -> None:
+        """End ``task`` (running :meth:`run`) once its pass is done, then send what is left.
+
+        Each step is bounded: rows not sent by then wait for the next relay.
+        """
+        self._stopping.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(task), STOP_WAIT)
+        if not task.done():
+            task.cancel()  # a pass cut short leaves its rows unsent, never lost
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._last_passes(), STOP_WAIT)
+
+    async def _last_passes(self) -> None:
+        while await self.relay_once() >= self._batch:
+            pass
+
+    async def _idle(self, seconds: float, *, wake_on_commit: bool) -> None:
+        waits = [asyncio.ensure_future(self._stopping.wait())]
+        if wake_on_commit:
+            waits.append(asyncio.ensure_future(self._store.commits.wait()))
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+
+    async def _publish(self, rows: list[OutboxMessage]) -> dict[int, str | None]:
+        """Publish ``rows`` at once; confirmed ones map to ``None``, refused ones to why.
+
+        Rows that got no answer (a broken channel, a timeout) are left out: unsent,
+        they are simply taken again by the next pass.
+        """
+        results = await asyncio.gather(
+            *(self._publish_one(row) for row in rows), return_exceptions=True
+        )
+        answers: dict[int, str | None] = {}
+        for row, result in zip(rows, results, strict=True):
+            if isinstance(result, asyncio.CancelledError):
+                raise result
+            if result is Published.CONFIRMED:
+                answers[row.id] = None
+                continue
+            why = refusal(result)
+            if why is not None:
+                log.warning(
+                    "outbox message refused, will retry",
+                    message_id=str(row.message_id),
+                    exchange=row.exchange,
+                    routing_key=row.routing_key,
+                    attempts=row.attempts + 1,
+                    error=why,
+                )
+                answers[row.id] = why
+        return answers
+
+    async def _publish_one(self, row: OutboxMessage) -> Published:
+        exchange = await self._exchange(row.exchange)
+        return await publish_confirmed(exchange, outgoing(row), row.routing_key)
+
+    async def _exchange(self, name: str) -> AbstractExchange:
+        if name == DEFAULT_EXCHANGE:
+            return self._channel.default_exchange
+        if name not in self._exchanges:
+            self._exchanges[name] = await self._channel.get_exchange(name, ensure=False)
+        return self._exchanges[name]
