@@ -12,12 +12,12 @@ operator may not run.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Callable
 
 import structlog
 
 from semel.consumer.broker.management import ManagementError, QueueState, queue_states
+from semel.consumer.tasks import running
 
 HELD_INTERVAL = 30.0  # seconds between two looks: a gauge for alerts, not for tracing
 
@@ -61,13 +61,5 @@ async def held_watcher(
     url: str | None, queues: list[str], held: Callable[[str, int], None]
 ) -> AsyncIterator[None]:
     """The container's Resource: watch while the consumer runs, if a URL is configured."""
-    if url is None:
+    async with running(None if url is None else watch_held(url, queues, held)):
         yield None
-        return
-    task = asyncio.create_task(watch_held(url, queues, held))
-    try:
-        yield None
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

@@ -14,7 +14,6 @@ themselves, so there is nothing to purge.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
@@ -22,6 +21,7 @@ from typing import Protocol, runtime_checkable
 
 import structlog
 
+from semel.consumer.tasks import running
 from semel.stores.base import Store
 from semel.stores.errors import StoreError
 
@@ -119,13 +119,8 @@ async def background_purge(
 ) -> AsyncIterator[None]:
     """The container's Resource: purge ``store`` in the background while the consumer
     runs, if it keeps keys that need it; stopped before the store closes."""
-    if not enabled or not isinstance(store, PurgesKeys):
+    work = None
+    if enabled and isinstance(store, PurgesKeys):
+        work = purge_periodically(store, interval, purged)
+    async with running(work):
         yield None
-        return
-    task = asyncio.create_task(purge_periodically(store, interval, purged))
-    try:
-        yield None
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
