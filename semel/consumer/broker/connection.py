@@ -19,18 +19,24 @@ minutes to give one up.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import aio_pika
 import structlog
 from aio_pika.abc import AbstractConnection
 from aio_pika.robust_connection import RobustConnection
 from aio_pika.tools import CallbackCollection
-from aiormq.exceptions import AMQPConnectionError, ProbableAuthenticationError
+from aiormq.exceptions import (
+    AMQPConnectionError,
+    ChannelInvalidStateError,
+    ChannelNotFoundEntity,
+    ProbableAuthenticationError,
+)
 from yarl import URL
 
 from semel.consumer.backoff import Backoff
@@ -45,6 +51,11 @@ from semel.consumer.names import (
 CONNECT_BACKOFF = (0.5, 5.0)  # first and longest pause between rounds of start-up attempts
 DEFAULT_HEARTBEAT = 10  # seconds; a silent node is given up after about three of them
 _UNREACHABLE = (TimeoutError, AMQPConnectionError, OSError)
+# What a call on a connection whose node just died raises: the reset itself, or
+# a channel closed with it.
+_DROPPED = (AMQPConnectionError, ChannelInvalidStateError, ConnectionError)
+T = TypeVar("T")
+_NODE_DOWN = "is down or inaccessible"  # the broker's words for a queue on a node that is down
 
 log = structlog.get_logger("semel.broker")
 
@@ -149,6 +160,48 @@ async def connect(addresses: Sequence[str], give_up: float) -> ClusterConnection
                 raise BrokerUnavailable(f"broker unreachable for {give_up:g}s: {error}") from None
             log.warning("broker unreachable, retrying", error=error, retry_in=backoff.pause)
         await backoff.wait()
+
+
+async def through_drops(
+    step: Callable[[], Awaitable[T]], connection: AbstractConnection, give_up: float
+) -> T:
+    """Run a start-up ``step`` (declare, open channels, consume), again each time the
+    connection drops under it, once it is back, for up to ``give_up`` seconds.
+
+    The robust connection reconnects by itself, to another node if it must, but
+    a call in flight when its node dies fails: at start-up that call is
+    semel's own, and a node lost then is no more a reason to exit than later.
+    """
+    end = time.monotonic() + give_up
+    backoff = Backoff(*CONNECT_BACKOFF)
+    while True:
+        try:
+            return await step()
+        except (*_DROPPED, ChannelNotFoundEntity, RuntimeError) as exc:
+            # aio-pika says "connection closed" as a bare RuntimeError: a drop only
+            # when the connection is down; any other one is a defect, not retried.
+            # A classic queue whose node is down is NOT_FOUND until the node is back.
+            if isinstance(exc, ChannelNotFoundEntity):
+                if _NODE_DOWN not in str(exc):
+                    raise
+            elif not isinstance(exc, _DROPPED) and _is_up(connection):
+                raise
+            error = str(exc) or type(exc).__name__
+            if time.monotonic() + backoff.pause > end:
+                raise BrokerUnavailable(f"broker unreachable for {give_up:g}s: {error}") from None
+            log.warning("broker node lost during start-up, trying again", error=error)
+        # A pause first: the close is noticed a moment after the call failed.
+        await backoff.wait()
+        connected = getattr(connection, "connected", None)
+        if isinstance(connected, asyncio.Event):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(connected.wait(), max(0.0, end - time.monotonic()))
+
+
+def _is_up(connection: AbstractConnection) -> bool:
+    connected = getattr(connection, "connected", None)
+    up = not connection.is_closed
+    return up and (not isinstance(connected, asyncio.Event) or connected.is_set())
 
 
 def login_refused(exc: ProbableAuthenticationError) -> ConfigurationError:

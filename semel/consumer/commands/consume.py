@@ -23,6 +23,7 @@ import typer
 from aiormq.exceptions import AMQPError
 from typer import Option
 
+from semel.consumer.broker.connection import through_drops
 from semel.consumer.broker.delays import DelayReturns
 from semel.consumer.broker.topology import declare
 from semel.consumer.commands.common import fail
@@ -72,11 +73,15 @@ async def run_consumer(
         connection = await container.connection.async_()
         health.watch_broker(connection)
         container.metrics().count_reconnects(connection)
-        await declare(connection, container.topology())
+        give_up = container.settings().broker_give_up
+        topology = container.topology()
+        await through_drops(lambda: declare(connection, topology), connection, give_up)
         worker: Worker = await container.worker.async_()
         await container.purger.async_()
         await container.held.async_()
-        delays = await DelayReturns.start(connection, container.topology())
+        delays = await through_drops(
+            lambda: DelayReturns.start(connection, topology), connection, give_up
+        )
         try:
             return await worker.run(stop or stop_on_signals())
         finally:

@@ -18,8 +18,9 @@ import contextlib
 from dataclasses import dataclass
 
 import structlog
-from aio_pika.abc import AbstractRobustConnection
+from aio_pika.abc import AbstractRobustChannel, AbstractRobustConnection
 
+from semel.consumer.broker.connection import through_drops
 from semel.consumer.broker.intake import Intake
 from semel.consumer.broker.settle import Settler
 from semel.consumer.delivery.decide import NackToConflict, Outcome, Requeue
@@ -84,27 +85,11 @@ class Worker:
         set up for semel, once the handlers in flight were drained.
         """
         config = self._config
-        names = Topology(config.queue)
-        consuming = await self._connection.channel(publisher_confirms=False)
-        await consuming.set_qos(prefetch_count=config.prefetch)
-        publishing = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
-        self._settler = settler = await Settler.open(publishing, names)
-        self._pipeline = pipeline = Pipeline(
-            store=self._store,
-            handler=self._handler,
-            config=self._pipeline_config,
-            settler=settler,
-            observer=self._observer,
+        consuming, publishing, intake, gate = await through_drops(
+            self._open, self._connection, config.broker_give_up
         )
-        await consuming.get_queue(config.queue, ensure=True)  # it exists, or stop here
-        intake = Intake(consuming, config.queue, self._on_message)
-        self._gate = gate = StoreGate(self._store, intake)
-        self._accepting = True
-        try:
-            await self._store.ping()
-            await intake.resume()
-        except StoreUnavailable:
-            gate.report_down()
+        pipeline = self._pipeline
+        assert pipeline is not None
         log.info("consuming", queue=config.queue, prefetch=config.prefetch)
 
         misconfigured: StoreMisconfigured | None = None
@@ -129,6 +114,34 @@ class Worker:
         finally:
             pipeline.summary.flush()  # the last period's counts, before the exit
             self._let_go_of_threads()
+
+    async def _open(
+        self,
+    ) -> tuple[AbstractRobustChannel, AbstractRobustChannel, Intake, StoreGate]:
+        """Open the channels, check the queue and start consuming; run again from the
+        start when the connection drops under it (their channels closed with it)."""
+        config = self._config
+        consuming = await self._connection.channel(publisher_confirms=False)
+        await consuming.set_qos(prefetch_count=config.prefetch)
+        publishing = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
+        self._settler = settler = await Settler.open(publishing, Topology(config.queue))
+        self._pipeline = Pipeline(
+            store=self._store,
+            handler=self._handler,
+            config=self._pipeline_config,
+            settler=settler,
+            observer=self._observer,
+        )
+        await consuming.get_queue(config.queue, ensure=True)  # it exists, or stop here
+        intake = Intake(consuming, config.queue, self._on_message)
+        self._gate = gate = StoreGate(self._store, intake)
+        self._accepting = True
+        try:
+            await self._store.ping()
+            await intake.resume()
+        except StoreUnavailable:
+            gate.report_down()
+        return consuming, publishing, intake, gate
 
     @staticmethod
     def _let_go_of_threads() -> None:
