@@ -12,9 +12,9 @@ import json
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import orjson
 import pytest
@@ -22,6 +22,9 @@ from yarl import URL
 
 from semel.consumer.broker import connection as broker_connection
 from semel.consumer.broker.connection import ClusterConnection, broker_urls, connect
+from semel.consumer.broker.settle import Settler
+from semel.consumer.broker.topology import declare
+from semel.consumer.commands import consume as consume_module
 from semel.settings import Settings
 from semel.stores.base import Status, Store
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
@@ -220,3 +223,46 @@ async def test_no_address_answering_is_one_line_naming_the_nodes_without_the_pas
     assert len(done.stderr.strip().splitlines()) == 1
     assert all(f"127.0.0.1:{port}" in done.stderr for port in ports)
     assert "s3cret" not in done.stderr + done.stdout
+
+
+@pytest.mark.usefixtures("in_order")
+@pytest.mark.parametrize("step", ["declare", "open"])
+async def test_a_node_lost_while_the_worker_starts_is_passed_over_not_an_exit(
+    consumer_settings: ConsumerSettings,
+    broker: Broker,
+    store: Store,
+    start_consumer: StartConsumer,
+    two_nodes: list[TcpProxy],
+    monkeypatch: pytest.MonkeyPatch,
+    step: str,
+) -> None:
+    """The first node dies just as the worker declares its queues, or opens its channels:
+    the step runs again on the next node, as a node lost later would be, not exit 1."""
+    first, _second = two_nodes
+    cut: list[str] = []
+
+    def cutting_first(real: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+        async def step_after_the_cut(*args: Any, **kwargs: Any) -> T:
+            if not cut:
+                cut.append(step)
+                await first.cut()  # every connection reset: the step meets a dead one
+            return await real(*args, **kwargs)
+
+        return step_after_the_cut
+
+    if step == "declare":
+        monkeypatch.setattr(consume_module, "declare", cutting_first(declare))
+    else:
+        # Settler.open: the worker has opened its channels and goes on to consume.
+        monkeypatch.setattr(Settler, "open", cutting_first(Settler.open))
+    settings = consumer_settings(
+        amqp_url=cluster_url([p.port for p in two_nodes]), metrics_port=free_port()
+    )
+    consumer = await start_consumer(settings)
+    assert cut == [step]
+    keys = [f"k-{n}" for n in range(5)]
+    for key in keys:
+        await broker.publish(settings, {}, key=key)
+    await eventually(lambda: completed(store, keys), 20, "every key completed on the other node")
+    assert (await readyz(settings.metrics_port))["node"] == f"127.0.0.1:{_second.port}"
+    assert await consumer.finish() == 0
