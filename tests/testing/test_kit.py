@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from typing import Any
 
 import pydantic
@@ -165,11 +164,9 @@ def test_a_context_for_a_plain_unit_test() -> None:
     assert ctx.message_id is None
 
 
-async def test_two_hundred_messages_take_milliseconds_each() -> None:
+async def test_two_hundred_messages_each_get_their_verdict() -> None:
+    # How long they take is measured by `python -m bench.kit`, not asserted here.
     async with HandlerKit(recorded) as kit:
-        started = time.perf_counter()
-        for n in range(200):
-            assert (await kit.send({"n": n}, key=f"k-{n}")).acked
-        per_message = (time.perf_counter() - started) / 200
-    print(f"testing kit: {per_message * 1000:.2f} ms per message")
-    assert per_message < 0.02
+        verdicts = [await kit.send({"n": n}, key=f"k-{n}") for n in range(200)]
+    assert all(verdict.acked and verdict.stored for verdict in verdicts)
+    assert len({verdict.key for verdict in verdicts}) == 200
