@@ -280,7 +280,7 @@ async def run_cluster(config: ClusterConfig, cluster: RabbitCluster) -> ClusterR
             producing.add_done_callback(lambda _: setattr(record, "traffic_ended", time.time()))
             fault = _fault(config, cluster, settings, endpoints, placed, record, flow)
             kills = (
-                kill_workers(pool, rng, config.worker_kills_every, traffic_over)
+                kill_workers(pool, rng, config.worker_kills_every, traffic_over, flow)
                 if config.fault == STORM
                 else asyncio.sleep(0)
             )

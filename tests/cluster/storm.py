@@ -14,8 +14,10 @@ proof, on quorum queues and on classic ones.
   on, node 1) is SIGKILLed at a fifth of the flow and again at a half, each
   time started again ``down`` seconds later.
 - A worker running a handler is SIGKILLed every ``every`` seconds while the
-  traffic flows (after its handler's effect or before it, at random), and
-  started again at once.
+  originals flow (after its handler's effect or before it, at random), and
+  started again at once. Not after: late copies wait for the last keys to
+  complete, and kills aimed at whatever still runs would then hit the same
+  key every time, which semel rightly dead-letters as poison.
 
 When the queues look drained, the run asks the management API what the
 broker holds for dead-lettering (``messages_dlx``) in every queue of semel's:
@@ -62,10 +64,12 @@ def conflict_plan(messages: int, duplicates: float, run: str, rng: random.Random
 
 
 async def kill_workers(
-    pool: Pool, rng: random.Random, every: float, traffic_over: asyncio.Event
+    pool: Pool, rng: random.Random, every: float, traffic_over: asyncio.Event, flow: float
 ) -> None:
-    """SIGKILL a worker with a handler running every ``every`` seconds until the traffic ends."""
-    while not traffic_over.is_set():
+    """SIGKILL a worker with a handler running every ``every`` seconds for ``flow`` seconds
+    (the originals' time), or until the traffic ends."""
+    end = time.monotonic() + flow
+    while not traffic_over.is_set() and time.monotonic() < end:
         began = time.monotonic()
         await pool.kill_mid_handler(rng, after_effect=rng.random() < 0.5, deadline=every)
         pause = max(0.0, began + every - time.monotonic())

@@ -52,6 +52,7 @@ def verdict_of(report: ClusterReport) -> str:
     why = [
         "not drained" if not report.drained else "",
         f"{len(report.verdict.lost)} lost" if report.verdict.lost else "",
+        f"{len(report.verdict.parked)} not meant to fail in Q.dlq" if report.verdict.parked else "",
         f"{report.exits} workers exited" if report.exits else "",
         f"{report.overlaps} overlaps" if report.overlaps else "",
         "messages held for dead-lettering" if _held(report) not in ("-", "0") else "",
