@@ -12,7 +12,7 @@ Redis store. Each fault is one run: fresh queues (their leader on node 1,
 replicated on all three), two workers (three for the partition) given the
 three nodes in ``SEMEL_AMQP_URL``, worker 0 on node 1 and another worker on
 another node, N messages (default 2000) of which 40 % are duplicates,
-published at R a second (default 100; 35 for ``rolling``, so that every
+published at R a second (default 100; 25 for ``rolling``, so that every
 node's restart meets traffic) by a producer that sends each message
 again until the cluster confirms it. The faults (:mod:`tests.cluster.faults`):
 
@@ -91,7 +91,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--faults", type=_faults, default=CHOICES, help="comma-separated, or all")
     parser.add_argument("--messages", type=int, default=2000, help="messages per run (2000)")
     parser.add_argument(
-        "--rate", type=float, help="messages per second (100; 35 rolling, 70 storm: to span them)"
+        "--rate", type=float, help="messages per second (100; 25 rolling, 70 storm: to span them)"
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", type=Path, help="keep ledgers and worker logs here")

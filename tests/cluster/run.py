@@ -70,8 +70,8 @@ class ClusterConfig:
     fault: str
     messages: int = 2000
     duplicates: float = 0.4  # share of the messages that are copies
-    # Messages per second, copies included; None: 100, 35 for a rolling
-    # restart, whose three restarts take 40 to 50 s (the nodes run the
+    # Messages per second, copies included; None: 100, 25 for a rolling
+    # restart, whose three restarts take 45 to 50 s (the nodes run the
     # management plugin) and must all meet traffic,
     # and 70 for the storm, whose two kills and restarts must too.
     rate: float | None = None
@@ -96,7 +96,7 @@ class ClusterConfig:
     def pace(self) -> float:
         if self.rate is not None:
             return self.rate
-        return {ROLLING: 35.0, STORM: 70.0}.get(self.fault, 100.0)
+        return {ROLLING: 25.0, STORM: 70.0}.get(self.fault, 100.0)
 
     @property
     def down(self) -> float:
