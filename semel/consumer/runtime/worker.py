@@ -85,11 +85,9 @@ class Worker:
         set up for semel, once the handlers in flight were drained.
         """
         config = self._config
-        consuming, publishing, intake, gate = await through_drops(
+        consuming, publishing, intake, gate, pipeline = await through_drops(
             self._open, self._connection, config.broker_give_up
         )
-        pipeline = self._pipeline
-        assert pipeline is not None
         log.info("consuming", queue=config.queue, prefetch=config.prefetch)
 
         misconfigured: StoreMisconfigured | None = None
@@ -117,7 +115,7 @@ class Worker:
 
     async def _open(
         self,
-    ) -> tuple[AbstractRobustChannel, AbstractRobustChannel, Intake, StoreGate]:
+    ) -> tuple[AbstractRobustChannel, AbstractRobustChannel, Intake, StoreGate, Pipeline]:
         """Open the channels, check the queue and start consuming; run again from the
         start when the connection drops under it (their channels closed with it)."""
         config = self._config
@@ -125,7 +123,7 @@ class Worker:
         await consuming.set_qos(prefetch_count=config.prefetch)
         publishing = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
         self._settler = settler = await Settler.open(publishing, Topology(config.queue))
-        self._pipeline = Pipeline(
+        self._pipeline = pipeline = Pipeline(
             store=self._store,
             handler=self._handler,
             config=self._pipeline_config,
@@ -141,7 +139,7 @@ class Worker:
             await intake.resume()
         except StoreUnavailable:
             gate.report_down()
-        return consuming, publishing, intake, gate
+        return consuming, publishing, intake, gate, pipeline
 
     @staticmethod
     def _let_go_of_threads() -> None:
