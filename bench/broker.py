@@ -38,8 +38,8 @@ from pamqp.commands import Basic
 
 from bench.probes import SENT_HEADER
 from semel.consumer.broker.topology import declare, queue_specs
-from semel.consumer.container import topology_of
 from semel.consumer.names import Topology
+from semel.consumer.plan import topology_of
 from semel.settings import Settings
 
 AMQP_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@localhost:5672/")

@@ -29,7 +29,8 @@ import aio_pika
 from dependency_injector import providers
 
 from semel.consumer.broker.topology import queue_specs
-from semel.consumer.container import Container, topology_of
+from semel.consumer.container import Container
+from semel.consumer.plan import topology_of
 from semel.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent

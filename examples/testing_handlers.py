@@ -20,6 +20,7 @@ async def charge(order: OrderPaid) -> dict[str, int]:
     return {"charged": order.amount}
 
 
+# --8<-- [start:test]
 async def test_charge() -> None:
     async with HandlerKit(charge, key_source="body:order_id") as kit:
         first = await kit.send({"order_id": "o-1", "amount": 5})
@@ -31,3 +32,6 @@ async def test_charge() -> None:
         assert bad.dead_lettered
         assert bad.reason == "invalid-body"
         assert "x-semel-validation-errors" in bad.headers
+
+
+# --8<-- [end:test]

@@ -44,6 +44,7 @@ CREATE TABLE IF NOT EXISTS example_payments (
 """
 
 
+# --8<-- [start:handler]
 async def order_paid(context: TransactionalContext) -> dict[str, Any]:
     """Record the payment, mark the order paid, ask shipping to ship it."""
     body = context.body
@@ -73,3 +74,6 @@ async def order_paid(context: TransactionalContext) -> dict[str, Any]:
     )
     # Stored with the key: what a duplicate of this event is answered with.
     return {"order_id": order_id, "status": "paid", "shipping_message": message_id}
+
+
+# --8<-- [end:handler]

@@ -19,23 +19,26 @@ from typing import Any
 from dependency_injector import containers, providers
 
 from semel.consumer.broker.connection import open_connection, open_tool_connection
-from semel.consumer.broker.topology import TopologySpec, queue_specs
 from semel.consumer.delivery.batching import BatchingStore, batched
-from semel.consumer.delivery.decide import RetryPolicy
-from semel.consumer.delivery.handler import Handler, load_handler
-from semel.consumer.delivery.message import KeySource, MessageRules
-from semel.consumer.delivery.pipeline import PipelineConfig
-from semel.consumer.delivery.typed import bind
-from semel.consumer.errors import ConfigurationError, HandlerLoadError
+from semel.consumer.errors import ConfigurationError
 from semel.consumer.ops.held import held_watcher
 from semel.consumer.ops.httpd import open_operations
 from semel.consumer.ops.logs import LogSetup
 from semel.consumer.ops.metered import MeteredStore
 from semel.consumer.ops.metrics import Metrics, MetricsObserver, timed
 from semel.consumer.ops.tracing import traced
-from semel.consumer.runtime.purge import PURGE_INTERVAL, background_purge
-from semel.consumer.runtime.worker import Worker, WorkerConfig
-from semel.settings import ConfigError, QueueType, Settings, load_settings
+from semel.consumer.plan import (
+    QueuePlan,
+    message_rules,
+    plans_for,
+    purge_interval,
+    queue_names,
+    required_target,
+    topology_of,
+)
+from semel.consumer.runtime.purge import background_purge
+from semel.consumer.runtime.worker import Worker
+from semel.settings import ConfigError, Settings, load_settings
 from semel.stores.base import Store, StoreConfig
 from semel.stores.deadline import DeadlineStore
 
@@ -141,57 +144,10 @@ async def open_backend(settings: Settings) -> AsyncIterator[Store]:
         await store.close()
 
 
-def topology_of(settings: Settings) -> TopologySpec:
-    """Every name and argument the broker's topology is declared with."""
-    return TopologySpec(
-        queue=settings.queue,
-        exchange=settings.exchange,
-        binding_keys=tuple(settings.binding_keys),
-        quorum=settings.queue_type is QueueType.QUORUM,
-        retry_delays=tuple(settings.retry_delays),
-        conflict_delay=settings.conflict_delay,
-    )
-
-
-def message_rules(settings: Settings) -> MessageRules:
-    return MessageRules(KeySource.parse(settings.key_source), settings.max_body_bytes)
-
-
-def pipeline_config(settings: Settings) -> PipelineConfig:
-    return PipelineConfig(
-        queue=settings.queue,
-        rules=message_rules(settings),
-        lock_ttl=settings.lock_ttl,
-        handler_timeout=settings.handler_timeout,
-        retry=RetryPolicy(tuple(settings.retry_delays), settings.max_attempts),
-        in_flight=settings.prefetch,
-        log_acks=settings.log_level.value == "debug",
-    )
-
-
-def queue_names(topology: TopologySpec) -> list[str]:
-    return [spec.name for spec in queue_specs(topology)]
-
-
-def purge_interval(settings: Settings) -> float:
-    # Never longer than retention, or expired rows would outlast it.
-    return min(PURGE_INTERVAL, settings.retention)
-
-
 def purges_in_background(settings: Settings) -> bool:
     """Whether the container's background purge runs: not in transactional mode,
     whose worker purges its keys and its outbox itself."""
     return not settings.transactional
-
-
-def worker_config(settings: Settings) -> WorkerConfig:
-    return WorkerConfig(
-        queue=settings.queue,
-        prefetch=settings.prefetch,
-        shutdown_grace=settings.shutdown_grace,
-        broker_give_up=settings.broker_give_up,
-        purge_interval=purge_interval(settings),
-    )
 
 
 def log_setup(settings: Settings) -> LogSetup:
@@ -199,25 +155,34 @@ def log_setup(settings: Settings) -> LogSetup:
     return LogSetup(as_json=settings.log_format.value == "json", level=level)
 
 
-def required_handler(spec: str | None, app_dir: str) -> Handler:
-    """The handler ``SEMEL_HANDLER`` names: there is no default to fall back on."""
-    if spec is None:
-        raise HandlerLoadError(
-            "SEMEL_HANDLER: not set; name the handler to run as package.module:callable "
-            "(the bundled example is semel.consumer.examples:order_paid)"
+def workers_of(
+    backend: str,
+    plans: list[QueuePlan],
+    connection: Any,
+    store: Store,
+    metrics: Metrics,
+) -> list[Worker]:
+    """A worker per planned queue, its handlers timed and its deliveries observed.
+    Transactional mode's worker is another class, imported only when selected
+    (it needs psycopg)."""
+    make: Any = Worker
+    if backend == TRANSACTIONAL:
+        make = importlib.import_module("semel.consumer.transactional.worker").TransactionalWorker
+    workers: list[Worker] = []
+    for plan in plans:
+        routes = plan.routes.mapped(lambda route: timed(route.handler, metrics))
+        observer = traced(MetricsObserver(metrics), plan.worker.queue)
+        workers.append(
+            make(
+                connection=connection,
+                store=store,
+                routes=routes,
+                observer=observer,
+                config=plan.worker,
+                pipeline=plan.pipeline,
+            )
         )
-    return bind(load_handler(spec, app_dir))  # a typed body's annotations resolved here, once
-
-
-def plain_worker(collaborators: dict[str, Any]) -> Worker:
-    return Worker(**collaborators)
-
-
-def transactional_worker(collaborators: dict[str, Any]) -> Worker:
-    """Transactional mode's worker, imported only when selected: it needs psycopg."""
-    module = importlib.import_module("semel.consumer.transactional.worker")
-    worker: Worker = module.TransactionalWorker(**collaborators)
-    return worker
+    return workers
 
 
 async def bounded(store: Store) -> AsyncIterator[DeadlineStore]:
@@ -279,9 +244,12 @@ class Container(containers.DeclarativeContainer):
         dynamodb=providers.Resource(open_backend, settings),
     )
 
-    handler = providers.Singleton(
-        required_handler, settings.provided.handler, settings.provided.app_dir
+    # The handler or app to run, and the queues it is consumed from; the
+    # commands other than `consume` see SEMEL_QUEUE's topology only.
+    target = providers.Singleton(
+        required_target, settings.provided.handler, settings.provided.app_dir
     )
+    plans = providers.Singleton(plans_for, target, settings)
     topology = providers.Singleton(topology_of, settings)
     rules = providers.Singleton(message_rules, settings)
     logs = providers.Singleton(log_setup, settings)
@@ -303,10 +271,6 @@ class Container(containers.DeclarativeContainer):
     bounded_store = providers.Resource(bounded, store)
     batched_store = providers.Resource(batching, bounded_store)
     metered_store = providers.Singleton(MeteredStore, batched_store, metrics)
-    timed_handler = providers.Singleton(timed, handler, metrics)
-    observer = providers.Singleton(
-        traced, providers.Factory(MetricsObserver, metrics), settings.provided.queue
-    )
     health = providers.Resource(open_operations, settings.provided.metrics_port, metrics)
     # Expired keys deleted while the consumer runs, so no cron job is needed.
     purger = providers.Resource(
@@ -321,28 +285,11 @@ class Container(containers.DeclarativeContainer):
     held = providers.Resource(
         held_watcher,
         settings.provided.management_url,
-        providers.Callable(queue_names, topology),
+        providers.Callable(queue_names, plans),
         metrics.provided.held,
     )
 
-    # The transactional worker is another class, picked by the same key as its store.
-    _collaborators = providers.Dict(
-        connection=connection,
-        store=metered_store,
-        handler=timed_handler,
-        observer=observer,
-        config=providers.Callable(worker_config, settings),
-        pipeline=providers.Callable(pipeline_config, settings),
-    )
-    _plain_worker = providers.Factory(plain_worker, _collaborators)
-    worker = providers.Selector(
-        backend,
-        sqlite=_plain_worker,
-        postgres=_plain_worker,
-        postgres_tx=providers.Factory(transactional_worker, _collaborators),
-        redis=_plain_worker,
-        dynamodb=_plain_worker,
-    )
+    workers = providers.Factory(workers_of, backend, plans, connection, metered_store, metrics)
 
 
 def container_with(**overrides: object) -> Container:

@@ -106,6 +106,7 @@ class Reason(StrEnum):
     PERMANENT_ERROR = "permanent-error"
     POISON = "poison"
     STORE_REFUSED = "store-refused"  # the store cannot hold the key (a foreign value there)
+    NO_HANDLER = "no-handler"  # no handler of the queue's app matches its routing key (and type)
 
 
 @dataclass(frozen=True, slots=True)

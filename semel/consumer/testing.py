@@ -35,16 +35,16 @@ import orjson
 from aio_pika.abc import AbstractExchange
 from pamqp.commands import Basic
 
+from semel.consumer.app import App
 from semel.consumer.broker.copies import returned_copy
 from semel.consumer.broker.settle import Settler
-from semel.consumer.container import checked_settings, open_backend, pipeline_config
+from semel.consumer.container import checked_settings, open_backend
 from semel.consumer.delivery.decide import DeadLetter, Outcome, Result, Retry, Settle
 from semel.consumer.delivery.handler import Context
-from semel.consumer.delivery.message import KeySource, best_effort_key, parse
 from semel.consumer.delivery.pipeline import Pipeline
-from semel.consumer.delivery.typed import bind
-from semel.consumer.errors import BadMessage
+from semel.consumer.delivery.routes import topic_matches
 from semel.consumer.names import H_ATTEMPTS, Reason, Topology
+from semel.consumer.plan import QueuePlan, plans_for
 from semel.stores.base import JSON, Record, Store
 
 __all__ = ["HandlerKit", "Published", "SyncHandlerKit", "Verdict", "context"]
@@ -101,6 +101,8 @@ class Verdict:
     tier: int | None = None  # a retry's tier, 1-based (the last one repeats)
     copy: Published | None = None  # the retry copy, dead letter or parked copy
     record: Record | None = None  # the key's record in the store after the delivery
+    handler: str | None = None  # the handler it went to (an app's handler name)
+    queue: str | None = None  # the queue it was delivered from
 
     @property
     def result(self) -> Result:
@@ -192,36 +194,54 @@ class _Exchange:
         return Basic.Ack()
 
 
+class _Queue:
+    """One planned queue of the kit: its settler, on exchanges of the kit's own, and
+    its pipeline once the store is open."""
+
+    def __init__(self, plan: QueuePlan) -> None:
+        self.plan = plan
+        names = Topology(plan.worker.queue)
+        self.settler = Settler(
+            cast(AbstractExchange, _Exchange(names.retry_exchange)),
+            cast(AbstractExchange, _Exchange(names.dead_letter_exchange)),
+            names,
+        )
+        self.pipeline: Pipeline | None = None
+
+    def bound_to(self, routing_key: str) -> bool:
+        return any(topic_matches(p, routing_key) for p in self.plan.topology.binding_keys)
+
+    def serves(self, handler: str) -> bool:
+        return any(route.name == handler for route in self.plan.routes.all)
+
+
 class HandlerKit:
     """Runs messages through the worker's pipeline on an in-memory SQLite store.
 
-    The store lives as long as the kit: a key completed by one ``send`` is a
-    duplicate for the next. Use it as ``async with``, or :meth:`start` and
-    :meth:`close`.
+    ``target`` is a handler, or an :class:`~semel.consumer.app.App` whose
+    handlers each get their queue, as ``semel consume`` plans them: a message
+    goes to the queue whose bindings match its routing key. The store lives as
+    long as the kit: a key completed by one ``send`` is a duplicate for the
+    next. Use it as ``async with``, or :meth:`start` and :meth:`close`.
     """
 
-    def __init__(self, handler: Callable[..., Any], **settings: object) -> None:
+    def __init__(self, target: Callable[..., Any] | App, **settings: object) -> None:
         overrides = {**settings, "store": "sqlite", "sqlite_path": ":memory:"}
         self.settings = checked_settings(**overrides, transactional=False)
-        self.config = pipeline_config(self.settings)
-        self._handler = bind(handler)  # as the container binds a loaded handler
-        self._source = KeySource.parse(self.settings.key_source)
-        names = Topology(self.settings.queue)
-        self._retry = _Exchange(names.retry_exchange)
-        self._dead = _Exchange(names.dead_letter_exchange)
-        self._settler = Settler(
-            cast(AbstractExchange, self._retry), cast(AbstractExchange, self._dead), names
-        )
+        self._queues = [_Queue(plan) for plan in plans_for(target, self.settings)]
         self._stack = contextlib.AsyncExitStack()
         self._store: Store | None = None
-        self._pipeline: Pipeline | None = None
 
     async def start(self) -> HandlerKit:
         opened = contextlib.asynccontextmanager(open_backend)(self.settings)
-        self._store = await self._stack.enter_async_context(opened)
-        self._pipeline = Pipeline(
-            store=self._store, handler=self._handler, settler=self._settler, config=self.config
-        )
+        self._store = store = await self._stack.enter_async_context(opened)
+        for queue in self._queues:
+            queue.pipeline = Pipeline(
+                store=store,
+                routes=queue.plan.routes,
+                settler=queue.settler,
+                config=queue.plan.pipeline,
+            )
         return self
 
     async def close(self) -> None:
@@ -248,28 +268,56 @@ class HandlerKit:
         message_id: str | None = None,
         routing_key: str = "",
         content_type: str = "application/json",
+        type: str | None = None,  # the AMQP property's own name
+        handler: str | None = None,
     ) -> Verdict:
         """Deliver one message as a producer published it; ``key`` goes where the
-        key source looks (a header or the message id; in a body, put it there)."""
+        key source looks (a header or the message id; in a body, put it there).
+
+        With an app, the message goes to the queue its routing key is bound to;
+        when several handlers' queues are (a fan-out), name the one with ``handler``.
+        """
+        queue = self._queue_for(routing_key, handler)
         sent_headers = dict(headers or {})
         if key is not None:
-            if self._source.kind == "header":
-                sent_headers[self._source.name] = key
-            elif self._source.kind == "message_id":
+            source = queue.plan.routes.default_rules.source
+            if source.kind == "header":
+                sent_headers[source.name] = key
+            elif source.kind == "message_id":
                 message_id = key
             else:
-                raise ValueError(
-                    f"the key is read from the body ({self._source.name}): put it there"
-                )
+                raise ValueError(f"the key is read from the body ({source.name}): put it there")
         raw = body if isinstance(body, bytes) else orjson.dumps(body)
-        return await self._deliver(
-            _Sent(
-                raw,
-                sent_headers,
-                message_id=message_id,
-                routing_key=routing_key,
-                content_type=content_type,
+        sent = _Sent(
+            raw,
+            sent_headers,
+            message_id=message_id,
+            routing_key=routing_key,
+            content_type=content_type,
+            type=type,
+        )
+        return await self._deliver(queue, sent)
+
+    def _queue_for(self, routing_key: str, handler: str | None) -> _Queue:
+        if handler is not None:
+            named = [q for q in self._queues if q.serves(handler)]
+            if not named:
+                raise ValueError(f"no handler is named {handler!r}")
+            return named[0]
+        if len(self._queues) == 1:
+            return self._queues[0]
+        bound = [q for q in self._queues if q.bound_to(routing_key)]
+        if len(bound) == 1:
+            return bound[0]
+        if not bound:
+            raise LookupError(
+                f"no handler's queue is bound to routing key {routing_key!r}: the broker "
+                "would return the message to a mandatory publish (unroutable)"
             )
+        names = [route.name for q in bound for route in q.plan.routes.all]
+        raise ValueError(
+            f"routing key {routing_key!r} reaches the queues of {names}: each gets a copy; "
+            "say which one to deliver with handler=..."
         )
 
     async def send_many(self, bodies: list[Mapping[str, Any]], **options: Any) -> list[Verdict]:
@@ -279,42 +327,32 @@ class HandlerKit:
     async def redeliver(self, verdict: Verdict) -> Verdict:
         """The copy of ``verdict`` (a retry or a parked copy) delivered again, as its
         delay queue hands it back to the work queue once its wait is over."""
-        if verdict.copy is None or verdict.dead_lettered:
+        if verdict.copy is None or verdict.dead_lettered or verdict.queue is None:
             raise ValueError(
                 f"a delivery that ended {verdict.outcome.value} has no copy to deliver"
             )
         copy = verdict.copy
         back = returned_copy(_Sent.of(copy.message, copy.exchange, copy.routing_key))
-        return await self._deliver(_Sent.of(back, copy.exchange, copy.routing_key))
+        queue = next(q for q in self._queues if q.plan.worker.queue == verdict.queue)
+        return await self._deliver(queue, _Sent.of(back, copy.exchange, copy.routing_key))
 
-    async def _deliver(self, message: _Sent) -> Verdict:
-        if self._pipeline is None:
+    async def _deliver(self, queue: _Queue, message: _Sent) -> Verdict:
+        pipeline = queue.pipeline
+        if pipeline is None:
             raise RuntimeError("the kit is not started: use it as `async with HandlerKit(...)`")
         copies: list[Published] = []
         _copies.set(copies)  # this delivery's own: sends may run at the same time
-        decision = await self._pipeline.handle(message)
+        decision = await pipeline.handle(message)
         copied = copies[-1] if copies else None
-        return await self._verdict(message, decision, copied)
+        return await self._verdict(pipeline, message, decision, copied)
 
-    def _key_of(self, message: _Sent) -> str | None:
-        """The key as the pipeline read it, if the message has one."""
-        try:
-            parsed = parse(
-                message.body,
-                message.content_type,
-                message.headers,
-                message.message_id,
-                source=self._source,
-                limit=self.config.rules.max_body_bytes,
-            )
-        except BadMessage:
-            return best_effort_key(message.headers, message.message_id, self._source)
-        return parsed.key
-
-    async def _verdict(self, message: _Sent, decision: Settle, copied: Published | None) -> Verdict:
-        key = self._key_of(message)
+    async def _verdict(
+        self, pipeline: Pipeline, message: _Sent, decision: Settle, copied: Published | None
+    ) -> Verdict:
+        delivery, _ = pipeline.read(message)  # the key and handler, as the pipeline found them
+        stored_as, route = delivery.facts.key, delivery.route
         verdict = Verdict(
-            key=key,
+            key=route.message_key(stored_as) if route and stored_as else stored_as,
             attempt=int(message.headers.get(H_ATTEMPTS, 1)),
             outcome=decision.outcome,
             frame=message.frame,
@@ -322,12 +360,14 @@ class HandlerKit:
             if decision.outcome is Outcome.COMPLETED
             else getattr(decision, "error", None),
             copy=copied,
-            record=await self.store.get(key) if key else None,
+            record=await self.store.get(stored_as) if stored_as else None,
+            handler=route.name if route else None,
+            queue=pipeline.config.queue,
         )
         if isinstance(decision, DeadLetter):
             return replace(verdict, reason=decision.reason)
-        if isinstance(decision, Retry):
-            tiers = self.config.retry.delays
+        if isinstance(decision, Retry) and route is not None:
+            tiers = route.retry.delays
             return replace(
                 verdict, delay=decision.delay, tier=min(decision.next_attempt - 1, len(tiers))
             )
@@ -338,9 +378,9 @@ class SyncHandlerKit:
     """:class:`HandlerKit` for synchronous tests: the same calls, each run to its end
     on an event loop of the kit's own."""
 
-    def __init__(self, handler: Callable[..., Any], **settings: object) -> None:
+    def __init__(self, target: Callable[..., Any] | App, **settings: object) -> None:
         self._runner = asyncio.Runner()
-        self._kit = self._runner.run(HandlerKit(handler, **settings).start())
+        self._kit = self._runner.run(HandlerKit(target, **settings).start())
 
     def send(self, body: Mapping[str, Any] | bytes, **options: Any) -> Verdict:
         return self._runner.run(self._kit.send(body, **options))

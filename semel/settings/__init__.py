@@ -15,6 +15,7 @@ __all__ = [
     "QueueType",
     "Settings",
     "StoreKind",
+    "derived",
     "load_settings",
     "redact",
 ]
@@ -28,6 +29,15 @@ def load_settings(**overrides: object) -> Settings:
     """Read the environment; raise :class:`ConfigError` naming the first bad variable."""
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc)) from None
+
+
+def derived(settings: Settings, **changes: object) -> Settings:
+    """``settings`` with ``changes``, checked as a whole again (an app handler's own
+    retries must still fit in the retention, say); the environment is not read."""
+    try:
+        return Settings.model_validate(settings.model_dump() | changes)
     except ValidationError as exc:
         raise ConfigError(_one_line(exc)) from None
 

@@ -28,7 +28,7 @@ from typing import Any
 import aio_pika
 
 from semel.consumer.broker.topology import declare
-from semel.consumer.container import topology_of
+from semel.consumer.plan import topology_of
 from semel.settings import Settings
 from semel.settings.model import TRANSACTIONAL_CONNECTIONS
 from semel.stores.base import Status, Store

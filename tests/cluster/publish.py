@@ -25,7 +25,7 @@ from typing import Any
 import aio_pika
 
 from semel.consumer.broker.topology import declare
-from semel.consumer.container import topology_of
+from semel.consumer.plan import topology_of
 from semel.settings import Settings
 from tests.chaos.producer import KEY_HEADER
 from tests.conftest import settings_env

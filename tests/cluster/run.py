@@ -35,8 +35,8 @@ from typing import Any
 import aio_pika
 
 from semel.consumer.broker.topology import declare
-from semel.consumer.container import topology_of
 from semel.consumer.delivery.decide import Outcome
+from semel.consumer.plan import topology_of
 from semel.settings import QueueType, Settings
 from tests.chaos.drain import Drain
 from tests.chaos.ledger import LEDGER_ENV, read_runs

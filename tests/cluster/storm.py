@@ -33,7 +33,7 @@ import time
 
 from semel.consumer.broker.management import QueueState, queue_states
 from semel.consumer.broker.topology import queue_specs
-from semel.consumer.container import topology_of
+from semel.consumer.plan import topology_of
 from semel.settings import QueueType, Settings
 from tests.chaos.producer import Order, order_body
 from tests.chaos.workers import Pool

@@ -27,8 +27,9 @@ from dependency_injector import providers
 
 from semel.consumer.broker.topology import declare, queue_specs
 from semel.consumer.commands.consume import run_consumer
-from semel.consumer.container import Container, topology_of
+from semel.consumer.container import Container
 from semel.consumer.names import Topology
+from semel.consumer.plan import topology_of
 from semel.settings import Settings
 from semel.stores.base import Store
 from tests.conftest import settings_env

@@ -16,7 +16,7 @@ import aio_pika
 
 from semel.consumer.broker.delays import DelayReturns
 from semel.consumer.broker.topology import queue_specs
-from semel.consumer.container import topology_of
+from semel.consumer.plan import topology_of
 from semel.settings import Settings
 
 SAMPLE_EVERY = 0.02  # seconds; delay queues hold a message for 0.2 s at the least

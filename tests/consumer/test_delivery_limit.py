@@ -18,9 +18,9 @@ import pytest
 import structlog
 
 from semel.consumer.broker.topology import queue_specs
-from semel.consumer.container import topology_of
 from semel.consumer.errors import TopologyMismatch
 from semel.consumer.names import DELIVERY_LIMIT, RETURNS_BEFORE_DETOUR, Topology
+from semel.consumer.plan import topology_of
 from semel.consumer.runtime import supervise
 from semel.settings import Settings
 from semel.stores.base import Outcome, Status, Store

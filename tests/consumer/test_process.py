@@ -17,9 +17,9 @@ import pytest
 
 from semel.consumer import Context
 from semel.consumer.broker.topology import queue_specs
-from semel.consumer.container import topology_of
 from semel.consumer.delivery.message import fingerprint
 from semel.consumer.names import Topology
+from semel.consumer.plan import topology_of
 from semel.settings import LogFormat, LogLevel, Settings
 from semel.stores.base import Outcome, Status, Store
 from tests.conftest import settings_env
@@ -290,7 +290,7 @@ async def test_a_queue_declared_differently_stops_start_up_with_exit_2(
     ("env", "code", "message"),
     [
         ({"SEMEL_HANDLER": "tests.consumer.handlers:absent"}, 2, "SEMEL_HANDLER"),
-        ({"SEMEL_HANDLER": "tests.consumer.handlers:not_callable"}, 2, "not callable"),
+        ({"SEMEL_HANDLER": "tests.consumer.handlers:not_callable"}, 2, "neither a callable"),
         ({"SEMEL_PREFETCH": "0"}, 2, "SEMEL_PREFETCH"),
         ({"SEMEL_AMQP_URL": "amqp://guest:s3cret@127.0.0.1:{port}/",
           "SEMEL_BROKER_GIVE_UP": "1"}, 1, "broker unreachable"),

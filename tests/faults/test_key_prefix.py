@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from semel.consumer.broker.topology import queue_specs
-from semel.consumer.container import topology_of
 from semel.consumer.names import Topology
+from semel.consumer.plan import topology_of
 from semel.settings import Settings
 from semel.stores.base import Status, Store
 from tests.conftest import open_store

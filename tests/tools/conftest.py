@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 from semel.consumer import names
 from semel.consumer.broker import topology
 from semel.consumer.commands.app import app
-from semel.consumer.container import topology_of
 from semel.consumer.names import Reason, Topology
+from semel.consumer.plan import topology_of
 from semel.settings import Settings
 from tests.conftest import SettingsFactory, settings_env
 

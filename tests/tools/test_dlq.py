@@ -15,8 +15,8 @@ from aiormq.exceptions import DeliveryError
 from semel.consumer import names
 from semel.consumer.broker import dead_letters as dlq
 from semel.consumer.broker import topology
-from semel.consumer.container import topology_of
 from semel.consumer.names import Reason, Topology
+from semel.consumer.plan import topology_of
 from semel.settings import Settings
 from semel.stores.base import Outcome, Store
 from semel.stores.errors import StoreUnavailable

@@ -16,9 +16,9 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from semel.consumer.broker import topology
 from semel.consumer.broker.topology import queue_specs
-from semel.consumer.container import topology_of
 from semel.consumer.delivery.message import fingerprint
 from semel.consumer.names import Reason, Topology
+from semel.consumer.plan import topology_of
 from semel.settings import Settings
 from semel.stores.base import Outcome, Store
 from tests.conftest import Rabbitmqctl, SettingsFactory, open_store

@@ -24,10 +24,11 @@ from dependency_injector import providers
 
 from semel.consumer.broker.management import ManagementError, QueueState, management_url_of
 from semel.consumer.broker.topology import declare
-from semel.consumer.container import Container, shutdown, topology_of
+from semel.consumer.container import Container, shutdown
 from semel.consumer.names import Topology
 from semel.consumer.ops.held import watch_held
 from semel.consumer.ops.metrics import Metrics
+from semel.consumer.plan import topology_of
 from semel.settings import Settings
 from tests.chaos.rabbit import RabbitNode, bindable
 from tests.conftest import SettingsFactory, rabbitmq_lane

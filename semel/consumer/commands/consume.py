@@ -16,12 +16,13 @@ import asyncio
 import inspect
 import signal
 from collections.abc import Callable
+from functools import partial
 from typing import Annotated, Any
 
 import structlog
 import typer
 from aiormq.exceptions import AMQPError
-from typer import Option
+from typer import Argument, Option
 
 from semel.consumer.broker.connection import through_drops
 from semel.consumer.broker.delays import DelayReturns
@@ -56,7 +57,7 @@ async def run_consumer(
     """
     container = container or Container()
     configure(container.logs())  # a bad setting fails here, before anything opens
-    container.handler()  # so does a handler that is not set or cannot load
+    plans = container.plans()  # so does a handler that is not set or cannot load
     try:
         # Served first, so /healthz answers while the store and the broker are awaited.
         health: Health = await container.health.async_()
@@ -74,22 +75,54 @@ async def run_consumer(
         health.watch_broker(connection)
         container.metrics().count_reconnects(connection)
         give_up = container.settings().broker_give_up
-        topology = container.topology()
-        await through_drops(lambda: declare(connection, topology), connection, give_up)
-        worker: Worker = await container.worker.async_()
+        for plan in plans:
+            await through_drops(partial(declare, connection, plan.topology), connection, give_up)
+        workers: list[Worker] = await container.workers.async_()
         await container.purger.async_()
         await container.held.async_()
-        delays = await through_drops(
-            lambda: DelayReturns.start(connection, topology), connection, give_up
-        )
+        delays = [
+            await through_drops(
+                partial(DelayReturns.start, connection, plan.topology), connection, give_up
+            )
+            for plan in plans
+        ]
         try:
-            return await worker.run(stop or stop_on_signals())
+            return await run_all(workers, stop or stop_on_signals())
         finally:
-            await delays.stop()
+            for returns in delays:
+                await returns.stop()
     except AMQPError as exc:
         raise BrokerUnavailable(str(exc) or type(exc).__name__) from None
     finally:
         await shutdown(container)
+
+
+async def run_all(workers: list[Worker], stop: asyncio.Event) -> int:
+    """Run every queue's worker until ``stop``, or until one of them ends (the broker
+    gone for good, a store not set up for semel): then all stop, and the exit code
+    is the worst of theirs."""
+    if len(workers) == 1:
+        return await workers[0].run(stop)
+    together = asyncio.Event()
+    waiter = asyncio.create_task(stop.wait())
+    waiter.add_done_callback(lambda _: together.set())
+
+    async def run(worker: Worker) -> int:
+        try:
+            return await worker.run(together)
+        finally:
+            together.set()  # one ended: the others stop too
+
+    try:
+        codes = await asyncio.gather(*(run(w) for w in workers), return_exceptions=True)
+    finally:
+        waiter.cancel()
+    exit_codes: list[int] = []
+    for code in codes:
+        if isinstance(code, BaseException):
+            raise code
+        exit_codes.append(code)
+    return max(exit_codes)
 
 
 async def _warn_of_store_set_up(store: Store) -> None:
@@ -118,6 +151,14 @@ def stop_on_signals() -> asyncio.Event:
 
 
 def consume_command(
+    target: Annotated[
+        str | None,
+        Argument(
+            metavar="TARGET",
+            help="The handler or app to run, as package.module:attribute (default: SEMEL_HANDLER).",
+            show_default=False,
+        ),
+    ] = None,
     app_dir: Annotated[
         str | None,
         Option(
@@ -129,7 +170,8 @@ def consume_command(
     ] = None,
 ) -> None:
     """Run the consumer until SIGTERM / SIGINT (the Procfile's worker)."""
-    container = container_with(**({} if app_dir is None else {"app_dir": app_dir}))
+    overrides = {"app_dir": app_dir, "handler": target}
+    container = container_with(**{k: v for k, v in overrides.items() if v is not None})
     try:
         try:
             with asyncio.Runner(loop_factory=LOOP_FACTORY) as runner:

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from semel.consumer.delivery.message import Incoming
+from semel.consumer.delivery.routes import Route
 from semel.consumer.names import (
     H_ATTEMPTS,
     H_FIRST_SEEN,
@@ -51,14 +52,7 @@ class Delivery:
     headers: dict[str, Any]
     started: float
     fence: int | None = None
-
-
-def gather(
-    headers: Mapping[str, Any], exchange: str, routing_key: str, queue: str, key: str | None
-) -> Facts:
-    """The facts of a delivery of ``queue`` whose key is ``key`` (``None``: unreadable)."""
-    route = origin(headers, exchange, routing_key, queue)
-    return Facts(key, attempt_of(headers), route, first_seen(headers))
+    route: Route | None = None  # the handler it goes to; None when none matched
 
 
 def attempt_of(headers: Mapping[str, Any]) -> int:

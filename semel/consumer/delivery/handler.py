@@ -40,8 +40,9 @@ class Context:
     validated: Any = None
 
 
-def load_handler(spec: str, app_dir: str = ".") -> Handler:
-    """Import ``package.module:callable``, looking in ``app_dir`` first, as uvicorn does.
+def load_target(spec: str, app_dir: str = ".") -> Any:
+    """Import ``package.module:attribute`` (a handler, or an app of several), looking
+    in ``app_dir`` first, as uvicorn does.
 
     The ``semel`` script's own folder, not the one it is started in, heads the
     import path, so a handler in the user's project folder would not be found.
@@ -50,7 +51,9 @@ def load_handler(spec: str, app_dir: str = ".") -> Handler:
     """
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
-        raise HandlerLoadError(f"SEMEL_HANDLER: {spec!r} is not 'package.module:callable'")
+        raise HandlerLoadError(
+            f"SEMEL_HANDLER: {spec!r} is not 'package.module:callable' (or :app)"
+        )
     folder = os.path.abspath(app_dir)
     if not os.path.isdir(folder):
         raise HandlerLoadError(f"SEMEL_APP_DIR: {app_dir!r} is not a folder")
@@ -67,6 +70,12 @@ def load_handler(spec: str, app_dir: str = ".") -> Handler:
             raise HandlerLoadError(
                 f"SEMEL_HANDLER: {module_name!r} has no attribute {attribute!r}"
             ) from None
+    return target
+
+
+def load_handler(spec: str, app_dir: str = ".") -> Handler:
+    """The callable ``package.module:callable`` names (see :func:`load_target`)."""
+    target = load_target(spec, app_dir)
     if not callable(target):
         raise HandlerLoadError(f"SEMEL_HANDLER: {spec!r} is not callable")
     handler: Handler = target

@@ -55,8 +55,9 @@ class Summary:
     Timer-driven, not a task: a delivery pays a dictionary increment.
     """
 
-    def __init__(self, every: float = SUMMARY_EVERY) -> None:
+    def __init__(self, every: float = SUMMARY_EVERY, queue: str = "") -> None:
         self._every = every
+        self._queue = queue  # an app's worker has one summary per handler's queue
         self._counts: dict[str, int] = {}
         self._since = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -80,4 +81,5 @@ class Summary:
         counts, self._counts = self._counts, {}
         if counts:
             seconds = round(time.monotonic() - self._since, 1)
-            log.info(SUMMARY_EVENT, **counts, total=sum(counts.values()), seconds=seconds)
+            where = {"queue": self._queue} if self._queue else {}
+            log.info(SUMMARY_EVENT, **counts, total=sum(counts.values()), seconds=seconds, **where)

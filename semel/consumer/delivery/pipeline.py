@@ -28,7 +28,6 @@ from semel.consumer.delivery.decide import (
     Outcome,
     Requeue,
     Retry,
-    RetryPolicy,
     Run,
     Settle,
     decide_after_claim,
@@ -39,15 +38,15 @@ from semel.consumer.delivery.decide import (
     decide_store_error,
     describe,
 )
-from semel.consumer.delivery.facts import Delivery, Facts, gather
-from semel.consumer.delivery.handler import Context, Handler
+from semel.consumer.delivery.facts import Delivery, Facts, attempt_of, first_seen, origin
+from semel.consumer.delivery.handler import Context
 from semel.consumer.delivery.lease import HEARTBEATS_PER_LEASE, Lease, Renewal, run_leased
 from semel.consumer.delivery.log_lines import Summary, bound_to
-from semel.consumer.delivery.message import Incoming, MessageRules, Parsed, best_effort_key, parse
+from semel.consumer.delivery.message import Incoming, Parsed, best_effort_key, parse
 from semel.consumer.delivery.observe import Observer
 from semel.consumer.delivery.pressure import Pressure
 from semel.consumer.delivery.results import storable
-from semel.consumer.delivery.typed import body_of
+from semel.consumer.delivery.routes import Route, Routes
 from semel.consumer.delivery.writes import write_fenced
 from semel.consumer.errors import BadMessage, LeaseLost
 from semel.consumer.names import RETURNS_BEFORE_DETOUR, returns
@@ -84,13 +83,11 @@ class Settler(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class PipelineConfig:
-    """The values one delivery is processed with."""
+    """The values one delivery is processed with, whichever handler it goes to (a
+    handler's own key source, retries and time limit are its route's)."""
 
     queue: str
-    rules: MessageRules
     lock_ttl: float
-    handler_timeout: float
-    retry: RetryPolicy
     in_flight: int = 256  # deliveries at the store at once while it answers quickly
     log_acks: bool = False  # an ACKed delivery's line is at debug: below that, not even built
 
@@ -102,14 +99,13 @@ class Pipeline:
         self,
         *,
         store: Store,
-        handler: Handler,
+        routes: Routes,
         settler: Settler,
         config: PipelineConfig,
         observer: Observer | None = None,
     ) -> None:
         self._store = store
-        self._handler = handler
-        self._body = body_of(handler)  # a typed handler's body type, validated before the claim
+        self.routes = routes
         self._settler = settler
         self._config = config
         self._observer = observer or Observer()
@@ -119,12 +115,16 @@ class Pipeline:
         self._pressure = Pressure(
             config.in_flight, config.lock_ttl * PRESSURE_TARGET, self._observer.admitting
         )
-        self.summary = Summary()
+        self.summary = Summary(queue=config.queue)
+
+    @property
+    def config(self) -> PipelineConfig:
+        return self._config
 
     async def handle(self, message: Incoming) -> Settle:
         """Process and settle ``message``; returns the decision applied."""
         with self._observer.delivery(message):
-            delivery, parsed = self._read(message)
+            delivery, parsed = self.read(message)
             if returns(delivery.headers) >= RETURNS_BEFORE_DETOUR:
                 # Further returns could bring it to the broker's delivery limit,
                 # where the message would be dropped; nothing is claimed.
@@ -166,14 +166,20 @@ class Pipeline:
                 self._concluding.discard(task)
             await renewal.stop()
 
-    def _read(self, message: Incoming) -> tuple[Delivery, Parsed | BadMessage]:
-        """Parse the body and find the key; the facts of the delivery either way."""
+    def read(self, message: Incoming) -> tuple[Delivery, Parsed | BadMessage]:
+        """Find the handler, parse the body and find the key (as the store keeps it);
+        the facts of the delivery either way."""
         started = time.monotonic()
         headers = dict(message.headers)  # the one copy; the handler's context gets it too
-        rules = self._config.rules
+        queue = self._config.queue
+        route_of = origin(headers, message.exchange or "", message.routing_key or "", queue)
+        rules = self.routes.default_rules
+        route: Route | None = None
         parsed: Parsed | BadMessage
         key: str | None = None
         try:
+            route = self.routes.pick(route_of.routing_key, message.type)
+            rules = route.rules
             parsed = parse(
                 message.body,
                 message.content_type,
@@ -182,17 +188,20 @@ class Pipeline:
                 source=rules.source,
                 limit=rules.max_body_bytes,
             )
+            if route.scope:
+                parsed = replace(parsed, key=route.store_key(parsed.key))
             key = parsed.key
-            if self._body is not None:
+            if route.body is not None:
                 # Deterministic, so never claimed, like a malformed body: to the DLQ.
-                parsed = self._body.validate(parsed)
+                parsed = route.body.validate(parsed)
         except BadMessage as bad:
             parsed = bad
-            key = key or best_effort_key(headers, message.message_id, rules.source)
-        facts = gather(
-            headers, message.exchange or "", message.routing_key or "", self._config.queue, key
-        )
-        return Delivery(message, facts, headers, started), parsed
+            if key is None:
+                key = best_effort_key(headers, message.message_id, rules.source)
+                if key is not None and route is not None:
+                    key = route.store_key(key)
+        facts = Facts(key, attempt_of(headers), route_of, first_seen(headers))
+        return Delivery(message, facts, headers, started, route=route), parsed
 
     async def _claim(self, delivery: Delivery, parsed: Parsed) -> Settle | Lease:
         """Claim the key: a lease to run under, or what to do instead."""
@@ -222,8 +231,10 @@ class Pipeline:
         """Run the handler under ``renewal``'s lease, then record what it did; the
         decision to settle."""
         lease = renewal.lease
+        route = delivery.route
+        assert route is not None  # only a delivery with a route is claimed
         context = Context(
-            key=parsed.key,
+            key=route.message_key(parsed.key),
             body=parsed.body,
             headers=delivery.headers,
             routing_key=delivery.facts.origin.routing_key,
@@ -235,10 +246,10 @@ class Pipeline:
         try:
             with bound_to(context):
                 result = await run_leased(
-                    self._handler,
+                    route.handler,
                     context,
                     renewal,
-                    self._config.handler_timeout,
+                    route.handler_timeout,
                     self._observer.overrun,
                     stop_wait=THREAD_STOP_WAIT,
                 )
@@ -279,7 +290,8 @@ class Pipeline:
         if isinstance(exc, StoreError):  # the lease could not be kept
             return decide_store_error(exc)
         # The handler failed (or timed out): retry or dead-letter.
-        decision = decide_after_failure(exc, delivery.facts.attempt, self._config.retry)
+        assert delivery.route is not None
+        decision = decide_after_failure(exc, delivery.facts.attempt, delivery.route.retry)
         if isinstance(decision, DeadLetter):
             # Ownership is checked before the dead letter, and the key marked
             # failed once it is confirmed; renewed until then.

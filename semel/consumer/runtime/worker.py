@@ -24,10 +24,10 @@ from semel.consumer.broker.connection import through_drops
 from semel.consumer.broker.intake import Intake
 from semel.consumer.broker.settle import Settler
 from semel.consumer.delivery.decide import NackToConflict, Outcome, Requeue
-from semel.consumer.delivery.handler import Handler
 from semel.consumer.delivery.message import Incoming
 from semel.consumer.delivery.observe import Observer
 from semel.consumer.delivery.pipeline import THREAD_STOP_WAIT, Pipeline, PipelineConfig
+from semel.consumer.delivery.routes import Routes
 from semel.consumer.delivery.thread_watch import THREAD_LEASES
 from semel.consumer.names import BROKER_CALL_TIMEOUT, Topology
 from semel.consumer.runtime.supervise import StoreGate, broker_gone_for
@@ -55,20 +55,21 @@ log = structlog.get_logger("semel.worker")
 
 
 class Worker:
-    """Consumes ``SEMEL_QUEUE`` until stopped or the broker is gone for good."""
+    """Consumes one queue (``SEMEL_QUEUE``, or an app handler's) until stopped or the
+    broker is gone for good."""
 
     def __init__(
         self,
         connection: AbstractRobustConnection,
         store: Store,
-        handler: Handler,
+        routes: Routes,
         config: WorkerConfig,
         pipeline: PipelineConfig,
         observer: Observer | None = None,
     ) -> None:
         self._connection = connection
         self._store = store
-        self._handler = handler
+        self._routes = routes
         self._config = config
         self._pipeline_config = pipeline
         self._observer = observer
@@ -125,7 +126,7 @@ class Worker:
         self._settler = settler = await Settler.open(publishing, Topology(config.queue))
         self._pipeline = pipeline = Pipeline(
             store=self._store,
-            handler=self._handler,
+            routes=self._routes,
             config=self._pipeline_config,
             settler=settler,
             observer=self._observer,

@@ -27,6 +27,7 @@ from psycopg import AsyncConnection
 
 from semel.consumer.delivery.handler import Context, Handler, is_async
 from semel.consumer.delivery.results import storable
+from semel.consumer.delivery.routes import Routes
 from semel.consumer.errors import HandlerLoadError, LeaseLost
 from semel.consumer.names import BROKER_CALL_TIMEOUT
 from semel.consumer.runtime.purge import purge_periodically
@@ -73,7 +74,7 @@ class TransactionalContext(Context):
 class TransactionalHandler:
     """Runs the user's handler inside its key's unit of work."""
 
-    def __init__(self, handler: Handler, store: TransactionalStore) -> None:
+    def __init__(self, handler: Handler, store: TransactionalStore, scope: str = "") -> None:
         if not is_async(handler):
             # The transaction's connection belongs to the event loop; a plain
             # function would run on a thread of its own and could not use it.
@@ -81,6 +82,7 @@ class TransactionalHandler:
         self._handler = handler
         self.__wrapped__ = handler  # the pipeline finds a typed handler's body type through it
         self._store = store
+        self._scope = scope  # an app handler's keys are kept under its name
 
     async def __call__(self, context: Context) -> Any:
         async def work(conn: AsyncConnection[Any], outbox: Outbox) -> JSON:
@@ -91,7 +93,7 @@ class TransactionalHandler:
             return storable(self._store, context.key, result)
 
         try:
-            return await self._store.run_unit(context.key, context.fence, work)
+            return await self._store.run_unit(self._scope + context.key, context.fence, work)
         except FencedOut as exc:
             # Nothing was committed; the worker that took the key over decides.
             raise LeaseLost(str(exc)) from None
@@ -115,11 +117,13 @@ class TransactionalWorker(Worker):
         self,
         connection: AbstractRobustConnection,
         store: Store,
-        handler: Handler,
+        routes: Routes,
         **collaborators: Any,
     ) -> None:
         units = transactional_store(store)
-        wrapped = TransactionalHandler(handler, units)
+        wrapped = routes.mapped(
+            lambda route: TransactionalHandler(route.handler, units, route.scope)
+        )
         super().__init__(connection, store, wrapped, **collaborators)
         self._units = units
         self._broker = connection

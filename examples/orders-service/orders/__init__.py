@@ -1,0 +1,1 @@
+"""An example service: two semel handlers in one worker."""
