@@ -1,0 +1,110 @@
+"""What each setting means: the configuration page is generated from these and
+from :class:`~semel.settings.model.Settings` (its names and defaults), so the two
+cannot drift: a test fails when a field has no meaning here, or a meaning no field."""
+
+from __future__ import annotations
+
+# What the page shows as the default where the value alone would mislead.
+DEFAULT_NOTES: dict[str, str] = {
+    "prefetch": "`256` (`32` in transactional mode)",
+    "dynamodb_endpoint_url": "unset (AWS)",
+    "handler": "required",
+    "management_url": (
+        "unset (`semel queues`: the first `SEMEL_AMQP_URL` host, port 15672, "
+        "same credentials and vhost)"
+    ),
+}
+
+MEANINGS: dict[str, str] = {
+    "store": ("`sqlite`, `postgres`, `redis` or `dynamodb`"),
+    "amqp_url": (
+        "broker; `amqps://` works too. A cluster's nodes as one URL with several hosts "
+        "(`amqp://u:p@rabbit-1,rabbit-2,rabbit-3/vhost`) or URLs separated by commas (see "
+        '"Running against a RabbitMQ cluster"). Heartbeat 10 s unless the URL sets '
+        "`?heartbeat=`. Falls back to `AMQP_URL` / `CLOUDAMQP_URL`"
+    ),
+    "postgres_dsn": ("falls back to `DATABASE_URL`; `?sslmode=` is passed through"),
+    "redis_url": (
+        "falls back to `REDIS_URL`; one server, `redis+sentinel://` or `redis+cluster://` (see "
+        '"Redis: one server, Sentinel or Cluster"); `rediss` for TLS'
+    ),
+    "redis_replicas_ack": (
+        "Redis: replicas each write waits for (`WAIT`) before it counts as stored, 0 to 16"
+    ),
+    "postgres_table": ("table of the PostgreSQL and SQLite stores"),
+    "transactional": (
+        "PostgreSQL only: run the handler, its completion and its outgoing messages in one "
+        "transaction (see Transactional mode)"
+    ),
+    "outbox_table": ("the transactional mode's outbox table"),
+    "dynamodb_table": ("the DynamoDB store's table"),
+    "dynamodb_endpoint_url": ("e.g. a local DynamoDB; `AWS_ENDPOINT_URL_DYNAMODB` also honoured"),
+    "dynamodb_region": ("falls back to `AWS_REGION` / `AWS_DEFAULT_REGION`"),
+    "sqlite_path": ("the SQLite store's database file"),
+    "handler": (
+        "`package.module:callable`, or `package.module:app` for an app of several handlers (see"
+        ' "Several handlers: an app"); `semel consume TARGET` sets it too. No default: `semel '
+        "consume` refuses to start without it (exit 2), so a deployment that forgot it never "
+        "acknowledges real messages with the bundled example "
+        "(`semel.consumer.examples:order_paid`, which `make consume` names)"
+    ),
+    "app_dir": (
+        "the folder `SEMEL_HANDLER` is imported from, first on the import path (uvicorn's "
+        "`--app-dir`): by default the one `semel consume` is started in; `semel consume "
+        "--app-dir DIR` sets it too"
+    ),
+    "exchange": ("topic exchange that producers publish to"),
+    "queue": (
+        "the work queue; every other name derives from it. An app's handlers each get "
+        "`<SEMEL_QUEUE>.<name>`"
+    ),
+    "binding_keys": (
+        "comma-separated routing keys bound to the queue (one handler; an app's handlers bring "
+        "their own)"
+    ),
+    "queue_type": ("`quorum` or `classic`"),
+    "key_source": ("or `message_id`, or `body:<dotted.path>`"),
+    "key_prefix": (
+        "namespace of every key in the store, so services sharing a store never collide"
+    ),
+    "max_body_bytes": ("larger bodies are dead-lettered as `too-large`"),
+    "prefetch": (
+        "deliveries in flight per process, all processed concurrently. Transactional mode runs "
+        "each handler on a connection of its own, at most 32: a larger prefetch is refused "
+        "there"
+    ),
+    "lock_ttl": ("how long a claim lives without a heartbeat"),
+    "retention": (
+        "how long a completed key is remembered; at least the lock TTL and the whole retry "
+        "chain: the `SEMEL_MAX_ATTEMPTS - 1` waits between attempts, the last delay repeating "
+        "(`1,5,30,120` with 5 attempts: 156 s)"
+    ),
+    "retry_delays": ("back-off tiers for failed handlers; the last one repeats"),
+    "max_attempts": (
+        "handler attempts before the DLQ; at most `SEMEL_MAX_CLAIMS` (each attempt claims the "
+        "key once)"
+    ),
+    "conflict_delay": ("how long an in-progress conflict waits before it is tried again"),
+    "max_claims": ("claims of one key without completion before it is treated as poison"),
+    "handler_timeout": ("a handler running longer is cancelled and counts as a failed attempt"),
+    "shutdown_grace": (
+        "on SIGTERM, how long handlers in flight may finish before their claims are released (a"
+        " plain `def` handler's thread gets 5 s more, and its key is never released while it "
+        "runs)"
+    ),
+    "broker_give_up": (
+        "exit 1 (for the supervisor to restart) when the broker stays away this long"
+    ),
+    "metrics_port": ("Prometheus metrics and health endpoints; `0` turns it off"),
+    "management_url": (
+        "the RabbitMQ management API (`http(s)://user:password@host:port/vhost`). `semel "
+        "queues` reads it; `semel consume` asks it every 30 s for `semel_queue_messages_dlx` "
+        "only when it is set"
+    ),
+    "log_format": ("`console` or `json`"),
+    "log_level": (
+        "`debug`, `info`, `warning` or `error`, for semel's lines and the handler's own "
+        "(`logging` or structlog); routine deliveries (completed, duplicate) are logged at "
+        '`debug`, counted every 5 s at `info` (see "Logs")'
+    ),
+}
