@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import timedelta
 
 import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from aiormq.exceptions import DeliveryError
+from aiormq.exceptions import ChannelNotFoundEntity, DeliveryError
 
 from semel.consumer import names
 from semel.consumer.broker import dead_letters as dlq
@@ -353,3 +354,28 @@ async def test_unreachable_store_is_one_line_and_leaves_the_dlq(
     assert len(done.stderr.strip().splitlines()) == 1
     await wait_for_depth(channel, dlq_name, 1)
     assert await depth(channel, settings.queue) == 0
+
+
+async def test_the_dlq_commands_leave_an_app_handlers_queue_as_its_worker_declared_it(
+    settings: Settings, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """``SEMEL_QUEUE`` naming an app handler's queue: listing and replaying its dead
+    letters add no ``#`` binding (``SEMEL_BINDING_KEYS``' default) and no retry tier
+    of the default delays. Seen failing before: after ``semel dlq list`` the queue
+    took every routing key, and every event no handler of it takes would have
+    been dead-lettered there as ``no-handler``."""
+    own = replace(topology_of(settings), binding_keys=("orders.paid",), retry_delays=(2.0,))
+    await topology.declare(connection, own)
+    await dead_letter(channel, settings, "k-1", Reason.INVALID_BODY)
+    for command in (["dlq", "list"], ["dlq", "replay", "--all"]):
+        done = await semel(settings, *command)
+        assert done.code == 0, done.stderr
+    exchange = await channel.get_exchange(settings.exchange, ensure=False)
+    with pytest.raises(DeliveryError):  # returned: no queue is bound to it
+        await exchange.publish(aio_pika.Message(b"{}"), routing_key="users.created", mandatory=True)
+    names_of = Topology(settings.queue)
+    probe = await connection.channel()
+    with pytest.raises(ChannelNotFoundEntity):
+        await probe.declare_queue(names_of.tier_queue(1.0), passive=True)
+    cleanup = await connection.channel()
+    await cleanup.queue_delete(names_of.tier_queue(2.0))  # not among the fixture's names

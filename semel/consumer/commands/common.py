@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import NoReturn, TypeVar
 
 import orjson
 import typer
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from aiormq.exceptions import AMQPError, ChannelInvalidStateError
+from aiormq.exceptions import AMQPError, ChannelInvalidStateError, ChannelNotFoundEntity
 
 from semel.consumer.broker.topology import declare
 from semel.consumer.container import Container, shutdown
@@ -61,6 +62,20 @@ def run_with_container(action: Callable[[Container], Awaitable[T]]) -> T:
         fail(f"broker: {type(exc).__name__}: {exc}")
 
 
+async def queue_exists(connection: AbstractConnection, queue: str) -> bool:
+    """Whether ``queue`` exists (a passive declare, on a channel of its own: a
+    missing queue closes the channel it is asked on)."""
+    channel = await connection.channel()
+    try:
+        await channel.declare_queue(queue, passive=True)
+    except ChannelNotFoundEntity:
+        return False
+    finally:
+        with contextlib.suppress(*BROKER_ERRORS):
+            await channel.close()
+    return True
+
+
 async def open_store(container: Container) -> Store:
     """The selected store, opened; the container closes it at shutdown."""
     store: Store = await container.store.async_()
@@ -78,16 +93,25 @@ def run_with_store(action: Callable[[Store], Awaitable[T]]) -> T:
 
 @contextlib.asynccontextmanager
 async def confirm_channel(
-    container: Container, *, declare_topology: bool = True
+    container: Container, *, declare_topology: bool = True, dead_letters_only: bool = False
 ) -> AsyncIterator[AbstractChannel]:
     """A publisher-confirm channel on the command's connection, returns raised.
 
     The topology is declared first (idempotent) unless ``declare_topology`` is
-    false, so a command works against a broker the consumer never ran on.
+    false, so a command works against a broker the consumer never ran on. A
+    command that only reads and replays dead letters (``dead_letters_only``)
+    declares nothing where the DLQ exists, and never binds: ``SEMEL_QUEUE``
+    may name an app handler's queue, whose bindings are its handler's patterns,
+    not ``SEMEL_BINDING_KEYS``, and its retry tiers the handler's own.
     """
     connection: AbstractConnection = await container.tool_connection.async_()
+    topology = container.topology()
+    if dead_letters_only:
+        if await queue_exists(connection, topology.names.dead_letter_queue):
+            declare_topology = False
+        topology = replace(topology, binding_keys=())
     if declare_topology:
-        await declare(connection, container.topology())
+        await declare(connection, topology)
     channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
     try:
         yield channel

@@ -93,7 +93,7 @@ def list_command(
     """Show the dead letters without removing any from the DLQ."""
 
     async def run(container: Container) -> Listing:
-        async with confirm_channel(container) as channel:
+        async with confirm_channel(container, dead_letters_only=True) as channel:
             return await dead_letters.list_dead_letters(channel, container.topology().names, limit)
 
     listing = run_with_container(run)
@@ -130,7 +130,7 @@ def replay_command(
         # The store first: one that cannot be reached stops the run before any
         # dead letter is taken from the DLQ.
         store = await open_store(container)
-        async with confirm_channel(container) as channel:
+        async with confirm_channel(container, dead_letters_only=True) as channel:
             return await dead_letters.replay(
                 channel, container.topology().names, selection, store.reset
             )
