@@ -1,23 +1,6 @@
-"""A testing kit for handlers: what semel would do with a message, without a broker.
-
-:class:`HandlerKit` sends messages through the worker's own pipeline (key,
-claim, handler, completion, retry and dead-letter decisions, typed-body
-validation) on an in-memory SQLite store, and answers each with a
-:class:`Verdict`. Only the broker's edge is replaced: the worker's
-:class:`~semel.consumer.broker.settle.Settler` publishes its copies to an
-in-process exchange that confirms at once, and the delivery records its ack
-or nack. So a verdict is the worker's decision, and a copy's headers are the
-ones it would publish::
-
-    async with HandlerKit(order_paid, key_source="body:order_id") as kit:
-        verdict = await kit.send({"order_id": "o-1", "amount": 5})
-        assert verdict.acked and verdict.stored == {"charged": 5}
-
-Settings come from the environment as for ``semel consume``, keyword
-arguments over them (``max_attempts=3``, ``retry_delays=[1, 5]``); the store
-settings are ignored. :func:`context` builds a handler's context for a plain
-unit test; :class:`SyncHandlerKit` runs the kit from synchronous tests.
-"""
+"""The kit itself: messages through the worker's own pipeline, an in-memory
+store, and exchanges of its own that confirm every copy at once (see
+:mod:`semel.consumer.testing`)."""
 
 from __future__ import annotations
 
@@ -39,107 +22,13 @@ from semel.consumer.app import App
 from semel.consumer.broker.copies import returned_copy
 from semel.consumer.broker.settle import Settler
 from semel.consumer.container import checked_settings, open_backend
-from semel.consumer.delivery.decide import DeadLetter, Outcome, Result, Retry, Settle
-from semel.consumer.delivery.handler import Context
+from semel.consumer.delivery.decide import DeadLetter, Outcome, Retry, Settle
 from semel.consumer.delivery.pipeline import Pipeline
 from semel.consumer.delivery.routes import topic_matches
-from semel.consumer.names import H_ATTEMPTS, Reason, Topology
+from semel.consumer.names import H_ATTEMPTS, Topology
 from semel.consumer.plan import QueuePlan, plans_for
-from semel.stores.base import JSON, Record, Store
-
-__all__ = ["HandlerKit", "Published", "SyncHandlerKit", "Verdict", "context"]
-
-
-def context(
-    body: Mapping[str, Any] | None = None,
-    *,
-    key: str = "key-1",
-    headers: Mapping[str, Any] | None = None,
-    routing_key: str = "",
-    message_id: str | None = None,
-    attempt: int = 1,
-    fence: int = 1,
-    validated: Any = None,
-) -> Context:
-    """A handler's context as the worker builds it, for calling a handler directly."""
-    return Context(
-        key=key,
-        body=dict(body or {}),
-        headers=dict(headers or {}),
-        routing_key=routing_key,
-        message_id=message_id,
-        attempt=attempt,
-        fence=fence,
-        validated=validated,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Published:
-    """A copy the worker would have published: where to, and the message itself."""
-
-    exchange: str
-    routing_key: str
-    message: aio_pika.Message
-
-    @property
-    def headers(self) -> dict[str, Any]:
-        return dict(self.message.headers)
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """What semel would have done with one message."""
-
-    key: str | None
-    attempt: int  # the attempt this delivery was (x-semel-attempts, 1 on first delivery)
-    outcome: Outcome  # the settled log line's outcome: completed, duplicate, retry ...
-    frame: str  # "ack" or "nack": how the delivery was settled
-    reason: Reason | None = None  # a dead letter's x-semel-reason
-    error: str | None = None  # the handler's failure, as x-semel-error carries it
-    delay: float | None = None  # a retry's wait, in seconds
-    tier: int | None = None  # a retry's tier, 1-based (the last one repeats)
-    copy: Published | None = None  # the retry copy, dead letter or parked copy
-    record: Record | None = None  # the key's record in the store after the delivery
-    handler: str | None = None  # the handler it went to (an app's handler name)
-    queue: str | None = None  # the queue it was delivered from
-
-    @property
-    def result(self) -> Result:
-        return self.outcome.result
-
-    @property
-    def acked(self) -> bool:
-        """The handler ran and its result is stored."""
-        return self.outcome is Outcome.COMPLETED
-
-    @property
-    def duplicate(self) -> bool:
-        """Answered from the store, the handler not run."""
-        return self.result is Result.DUPLICATE
-
-    @property
-    def parked(self) -> bool:
-        """Another delivery holds the key: a copy waits in the conflict queue."""
-        return self.result is Result.CONFLICT
-
-    @property
-    def retried(self) -> bool:
-        return self.result is Result.RETRIED
-
-    @property
-    def dead_lettered(self) -> bool:
-        return self.result is Result.DEAD_LETTERED
-
-    @property
-    def stored(self) -> JSON:
-        """The handler's stored result (``None`` when there is none)."""
-        return self.record.result if self.record is not None else None
-
-    @property
-    def headers(self) -> dict[str, Any]:
-        """The headers of the copy the worker would publish; empty without one."""
-        return self.copy.headers if self.copy is not None else {}
+from semel.consumer.testing.verdicts import Published, Verdict
+from semel.stores.base import Store
 
 
 @dataclass
