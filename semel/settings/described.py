@@ -20,13 +20,17 @@ MEANINGS: dict[str, str] = {
     "amqp_url": (
         "broker; `amqps://` works too. A cluster's nodes as one URL with several hosts "
         "(`amqp://u:p@rabbit-1,rabbit-2,rabbit-3/vhost`) or URLs separated by commas (see "
-        '"Running against a RabbitMQ cluster"). Heartbeat 10 s unless the URL sets '
+        "[Running against a RabbitMQ cluster]"
+        "(clusters.md#running-against-a-rabbitmq-cluster)). "
+        "Heartbeat 10 s unless the URL sets "
         "`?heartbeat=`. Falls back to `AMQP_URL` / `CLOUDAMQP_URL`"
     ),
     "postgres_dsn": ("falls back to `DATABASE_URL`; `?sslmode=` is passed through"),
     "redis_url": (
         "falls back to `REDIS_URL`; one server, `redis+sentinel://` or `redis+cluster://` (see "
-        '"Redis: one server, Sentinel or Cluster"); `rediss` for TLS'
+        "[Redis: one server, Sentinel or Cluster]"
+        "(stores.md#redis-one-server-sentinel-or-cluster)); "
+        "`rediss` for TLS"
     ),
     "redis_replicas_ack": (
         "Redis: replicas each write waits for (`WAIT`) before it counts as stored, 0 to 16"
@@ -34,7 +38,7 @@ MEANINGS: dict[str, str] = {
     "postgres_table": ("table of the PostgreSQL and SQLite stores"),
     "transactional": (
         "PostgreSQL only: run the handler, its completion and its outgoing messages in one "
-        "transaction (see Transactional mode)"
+        "transaction (see [Transactional mode](transactional.md))"
     ),
     "outbox_table": ("the transactional mode's outbox table"),
     "dynamodb_table": ("the DynamoDB store's table"),
@@ -42,8 +46,9 @@ MEANINGS: dict[str, str] = {
     "dynamodb_region": ("falls back to `AWS_REGION` / `AWS_DEFAULT_REGION`"),
     "sqlite_path": ("the SQLite store's database file"),
     "handler": (
-        "`package.module:callable`, or `package.module:app` for an app of several handlers (see"
-        ' "Several handlers: an app"); `semel consume TARGET` sets it too. No default: `semel '
+        "`package.module:callable`, or `package.module:app` for an app of several handlers (see "
+        "[Several handlers: an app](handlers.md#several-handlers-an-app)); "
+        "`semel consume TARGET` sets it too. No default: `semel "
         "consume` refuses to start without it (exit 2), so a deployment that forgot it never "
         "acknowledges real messages with the bundled example "
         "(`semel.consumer.examples:order_paid`, which `make consume` names)"
@@ -105,6 +110,6 @@ MEANINGS: dict[str, str] = {
     "log_level": (
         "`debug`, `info`, `warning` or `error`, for semel's lines and the handler's own "
         "(`logging` or structlog); routine deliveries (completed, duplicate) are logged at "
-        '`debug`, counted every 5 s at `info` (see "Logs")'
+        "`debug`, counted every 5 s at `info` (see [Logs](operations.md#logs))"
     ),
 }
