@@ -38,15 +38,16 @@ from semel.consumer.delivery.decide import (
     decide_store_error,
     describe,
 )
-from semel.consumer.delivery.facts import Delivery, Facts, attempt_of, first_seen, origin
+from semel.consumer.delivery.facts import Delivery, Facts
 from semel.consumer.delivery.handler import Context
 from semel.consumer.delivery.lease import HEARTBEATS_PER_LEASE, Lease, Renewal, run_leased
 from semel.consumer.delivery.log_lines import Summary, bound_to
-from semel.consumer.delivery.message import Incoming, Parsed, best_effort_key, parse
+from semel.consumer.delivery.message import Incoming, Parsed
 from semel.consumer.delivery.observe import Observer
 from semel.consumer.delivery.pressure import Pressure
+from semel.consumer.delivery.reading import read
 from semel.consumer.delivery.results import storable
-from semel.consumer.delivery.routes import Route, Routes
+from semel.consumer.delivery.routes import Routes
 from semel.consumer.delivery.writes import write_fenced
 from semel.consumer.errors import BadMessage, LeaseLost
 from semel.consumer.names import RETURNS_BEFORE_DETOUR, returns
@@ -167,41 +168,8 @@ class Pipeline:
             await renewal.stop()
 
     def read(self, message: Incoming) -> tuple[Delivery, Parsed | BadMessage]:
-        """Find the handler, parse the body and find the key (as the store keeps it);
-        the facts of the delivery either way."""
-        started = time.monotonic()
-        headers = dict(message.headers)  # the one copy; the handler's context gets it too
-        queue = self._config.queue
-        route_of = origin(headers, message.exchange or "", message.routing_key or "", queue)
-        rules = self.routes.default_rules
-        route: Route | None = None
-        parsed: Parsed | BadMessage
-        key: str | None = None
-        try:
-            route = self.routes.pick(route_of.routing_key, message.type)
-            rules = route.rules
-            parsed = parse(
-                message.body,
-                message.content_type,
-                headers,
-                message.message_id,
-                source=rules.source,
-                limit=rules.max_body_bytes,
-            )
-            if route.scope:
-                parsed = replace(parsed, key=route.store_key(parsed.key))
-            key = parsed.key
-            if route.body is not None:
-                # Deterministic, so never claimed, like a malformed body: to the DLQ.
-                parsed = route.body.validate(parsed)
-        except BadMessage as bad:
-            parsed = bad
-            if key is None:
-                key = best_effort_key(headers, message.message_id, rules.source)
-                if key is not None and route is not None:
-                    key = route.store_key(key)
-        facts = Facts(key, attempt_of(headers), route_of, first_seen(headers))
-        return Delivery(message, facts, headers, started, route=route), parsed
+        """The delivery's facts, and its body and key or why it cannot be processed."""
+        return read(message, self.routes, self._config.queue)
 
     async def _claim(self, delivery: Delivery, parsed: Parsed) -> Settle | Lease:
         """Claim the key: a lease to run under, or what to do instead."""
