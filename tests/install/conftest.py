@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from semel.settings import Settings, derived
+from tests.consumer.harness import Broker
 from tests.install.fresh import Venv, built_wheel, fresh_venv, session_folder
 
 
@@ -17,3 +21,27 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def venv(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Venv:
     return fresh_venv(session_folder(tmp_path_factory.getbasetemp()), wheel)
+
+
+@pytest.fixture
+async def settings(rabbitmq_server: str) -> Settings:
+    """The test's own queue and exchange (the project's worker gets them as SEMEL_* variables)."""
+    run = uuid.uuid4().hex[:10]
+    return Settings(amqp_url=rabbitmq_server, queue=f"t.{run}.work", exchange=f"t.{run}.events")
+
+
+@pytest.fixture
+def handler_queues() -> tuple[str, ...]:
+    """The handlers of an app the test runs: their queues are deleted afterwards too."""
+    return ()
+
+
+@pytest.fixture
+async def broker(settings: Settings, handler_queues: tuple[str, ...]) -> AsyncIterator[Broker]:
+    connected = await Broker.connect(settings.amqp_url)
+    try:
+        yield connected
+    finally:
+        for queue in (settings.queue, *(f"{settings.queue}.{name}" for name in handler_queues)):
+            await connected.delete_topology(derived(settings, queue=queue))
+        await connected.close()

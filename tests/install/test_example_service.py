@@ -13,8 +13,6 @@ import asyncio
 import shutil
 import subprocess
 import sys
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -58,22 +56,8 @@ def service(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> tuple[Venv
 
 
 @pytest.fixture
-async def settings(rabbitmq_server: str) -> Settings:
-    run_id = uuid.uuid4().hex[:10]
-    return Settings(
-        amqp_url=rabbitmq_server, queue=f"t.{run_id}.work", exchange=f"t.{run_id}.events"
-    )
-
-
-@pytest.fixture
-async def broker(settings: Settings) -> AsyncIterator[Broker]:
-    connected = await Broker.connect(settings.amqp_url)
-    try:
-        yield connected
-    finally:
-        for name in HANDLERS:
-            await connected.delete_topology(derived(settings, queue=f"{settings.queue}.{name}"))
-        await connected.close()
+def handler_queues() -> tuple[str, ...]:
+    return HANDLERS
 
 
 def test_the_services_own_tests_pass_in_its_own_venv(service: tuple[Venv, Path]) -> None:

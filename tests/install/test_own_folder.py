@@ -8,9 +8,7 @@ Procfile ``worker: semel consume`` and a ``.env`` naming the handler.
 from __future__ import annotations
 
 import json
-import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -74,23 +72,6 @@ async def worker_attached(broker: Broker, settings: Settings, honcho: Honcho) ->
         return await broker.consumers(settings.queue) > 0
 
     await eventually(attached, 30, "the worker consuming")
-
-
-@pytest.fixture
-async def settings(rabbitmq_server: str) -> Settings:
-    """The test's own queue and exchange (the project's worker gets them as SEMEL_* variables)."""
-    run = uuid.uuid4().hex[:10]
-    return Settings(amqp_url=rabbitmq_server, queue=f"t.{run}.work", exchange=f"t.{run}.events")
-
-
-@pytest.fixture
-async def broker(settings: Settings) -> AsyncIterator[Broker]:
-    connected = await Broker.connect(settings.amqp_url)
-    try:
-        yield connected
-    finally:
-        await connected.delete_topology(settings)
-        await connected.close()
 
 
 async def test_the_procfile_runs_a_handler_of_the_project_folder(
