@@ -30,18 +30,24 @@ async def settings(rabbitmq_server: str) -> Settings:
     return Settings(amqp_url=rabbitmq_server, queue=f"t.{run}.work", exchange=f"t.{run}.events")
 
 
+# An app's handler, by name, and the retry delays its queue was declared with.
+HandlerQueues = dict[str, list[float]]
+
+
 @pytest.fixture
-def handler_queues() -> tuple[str, ...]:
+def handler_queues() -> HandlerQueues:
     """The handlers of an app the test runs: their queues are deleted afterwards too."""
-    return ()
+    return {}
 
 
 @pytest.fixture
-async def broker(settings: Settings, handler_queues: tuple[str, ...]) -> AsyncIterator[Broker]:
+async def broker(settings: Settings, handler_queues: HandlerQueues) -> AsyncIterator[Broker]:
     connected = await Broker.connect(settings.amqp_url)
     try:
         yield connected
     finally:
-        for queue in (settings.queue, *(f"{settings.queue}.{name}" for name in handler_queues)):
-            await connected.delete_topology(derived(settings, queue=queue))
+        await connected.delete_topology(settings)
+        for name, delays in handler_queues.items():
+            own = derived(settings, queue=f"{settings.queue}.{name}", retry_delays=delays)
+            await connected.delete_topology(own)
         await connected.close()

@@ -20,6 +20,7 @@ import pytest
 from semel.consumer.names import H_REASON
 from semel.settings import Settings, derived
 from tests.consumer.harness import Broker, eventually
+from tests.install.conftest import HandlerQueues
 from tests.install.fresh import Venv, locked, run, session_folder, wheelhouse
 from tests.install.honcho import honcho_start
 from tests.servers import ROOT
@@ -56,8 +57,8 @@ def service(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> tuple[Venv
 
 
 @pytest.fixture
-def handler_queues() -> tuple[str, ...]:
-    return HANDLERS
+def handler_queues() -> HandlerQueues:
+    return {"charge": [1.0, 5.0, 30.0, 120.0], "ship": [2.0, 10.0]}  # as orders/app.py says
 
 
 def test_the_services_own_tests_pass_in_its_own_venv(service: tuple[Venv, Path]) -> None:
