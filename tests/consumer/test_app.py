@@ -24,10 +24,13 @@ from semel.consumer.names import H_REASON
 from semel.consumer.plan import QueuePlan, plans_for
 from semel.settings import Settings, derived
 from semel.stores.base import Status, Store
+from tests.consumer import app_handlers
 from tests.consumer.app_handlers import orders
 from tests.consumer.conftest import ConsumerSettings
 from tests.consumer.handlers import read_ledger
 from tests.consumer.harness import Broker, eventually
+from tests.consumer.test_delivery import status_is
+from tests.tools.conftest import semel
 
 pytestmark = [pytest.mark.parametrize("backend", ["sqlite", "redis"]), pytest.mark.timeout(90)]
 
@@ -156,3 +159,34 @@ async def test_an_app_runs_each_handler_on_its_own_queue_once_per_key(
 
 async def _empty(broker: Broker, queue: str) -> bool:
     return await broker.depth(queue) == 0 and await broker.consumers(queue) > 0
+
+
+async def test_a_replayed_dead_letter_goes_back_to_its_handler(
+    consumer_settings: ConsumerSettings, broker: Broker, store: Store, ledger: Path
+) -> None:
+    """``semel dlq replay`` of a handler's queue: the copy reaches the work queue through
+    the default exchange, and still goes to its handler. Seen failing first: the
+    replayed copy lost the producer's routing key and was dead-lettered again as
+    ``no-handler``."""
+    settings = consumer_settings(handler=APP)
+    plans = plans_for(orders, settings)
+    notify = derived(settings, queue=f"{settings.queue}.notify")
+    app_handlers.mail_server_up.clear()
+    try:
+        async with app_consumer(settings, broker, plans):
+            await publish(broker, settings, "orders.eu.shipped", {"fail": True}, "k1")
+
+            async def dead_lettered() -> bool:
+                return await broker.depth(f"{notify.queue}.dlq") == 1
+
+            await eventually(dead_lettered, 30, "notify's dead letter")
+            app_handlers.mail_server_up.set()
+            done = await semel(notify, "dlq", "replay", "--all")
+            assert done.code == 0, done.stderr
+            await eventually(
+                lambda: status_is(store, "notify:k1", Status.COMPLETED), 30, "k1 replayed"
+            )
+            assert await broker.depth(f"{notify.queue}.dlq") == 0
+    finally:
+        app_handlers.mail_server_up.clear()
+    assert runs(ledger)["notify k1"] == 3  # two attempts, then the replay

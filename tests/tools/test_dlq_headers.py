@@ -13,7 +13,7 @@ from semel.consumer.names import Reason
 INSTANT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
-def test_replay_headers_drop_semel_and_broker_headers_only() -> None:
+def test_replay_headers_drop_semel_and_broker_headers_but_the_route() -> None:
     headers = {
         "Idempotency-Key": "k",
         "x-trace": "t",
@@ -33,6 +33,8 @@ def test_replay_headers_drop_semel_and_broker_headers_only() -> None:
         "Idempotency-Key": "k",
         "x-trace": "t",
         "x-semelish": "kept: not the x-semel- prefix",
+        names.H_ORIGINAL_EXCHANGE: "x",  # the producer's route: an app picks its handler by it
+        names.H_ORIGINAL_ROUTING_KEY: "r",
     }
 
 

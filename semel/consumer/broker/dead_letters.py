@@ -130,12 +130,20 @@ def read_entry(message: AbstractIncomingMessage) -> DlqEntry:
     )
 
 
+# Kept on a replayed copy: the producer's route. It goes to the work queue
+# through the default exchange, so without them its route would be the queue's
+# name, which no handler of an app's queue takes (dead-lettered again as
+# no-handler), and a later dead letter would name the default exchange.
+_ROUTE_HEADERS = (names.H_ORIGINAL_EXCHANGE, names.H_ORIGINAL_ROUTING_KEY)
+
+
 def replay_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
-    """The headers without semel's retry/DLQ headers and the broker's death records."""
+    """The headers without semel's retry/DLQ headers (but the producer's route) and the
+    broker's death records."""
     return {
         name: value
         for name, value in carried_headers(headers).items()
-        if not name.startswith(names.SEMEL_HEADER_PREFIX)
+        if not name.startswith(names.SEMEL_HEADER_PREFIX) or name in _ROUTE_HEADERS
     }
 
 
