@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import typer.main
+from annotated_types import Gt
 
 DOCS = Path(__file__).resolve().parent
 
@@ -63,7 +64,8 @@ def _default_text(name: str, info: Any) -> str:
         value = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
     elif isinstance(value, float):
         value = f"{value:g}"
-    seconds = any("gt=0" in repr(m) for m in info.metadata) and info.annotation is float
+    # A Seconds field: a float that must be greater than 0.
+    seconds = info.annotation is float and any(isinstance(m, Gt) for m in info.metadata)
     unit = " s" if seconds or name == "retry_delays" else ""
     return f"`{value}`{unit}"
 

@@ -14,7 +14,7 @@ composition root.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -103,23 +103,27 @@ def required_target(spec: str | None, app_dir: str) -> Any:
     return target
 
 
-def single_routes(handler: Any, settings: Settings) -> Routes:
-    """The routes of one handler taking every delivery (a typed body's annotations
-    resolved here, once)."""
-    return Routes.single(
-        bind(handler), message_rules(settings), retry_policy(settings), settings.handler_timeout
+def _plan(settings: Settings, routes: Routes) -> QueuePlan:
+    """The queue ``settings`` name, consumed by ``routes``."""
+    return QueuePlan(
+        topology_of(settings), routes, worker_config(settings), pipeline_config(settings)
     )
 
 
 def plans_for(target: Any, settings: Settings) -> list[QueuePlan]:
     """The queues ``target`` (a handler or an :class:`App`) is consumed from."""
     if not isinstance(target, App):
-        routes = single_routes(target, settings)
+        # One handler taking every delivery; a typed body's annotations resolved here, once.
+        handler = bind(target)
         return [
-            QueuePlan(
-                topology_of(settings), routes, worker_config(settings), pipeline_config(settings)
+            _plan(
+                settings,
+                Routes.single(
+                    handler, message_rules(settings), retry_policy(settings),
+                    settings.handler_timeout,
+                ),
             )
-        ]
+        ]  # fmt: skip
     if not target.handlers:
         raise HandlerLoadError("SEMEL_HANDLER: the app has no handlers (@app.handler(...))")
     if "binding_keys" in settings.model_fields_set:
@@ -168,25 +172,17 @@ def _queue_plan(queue: str, members: list[tuple[HandlerSpec, Settings]]) -> Queu
     )
     first = members[0][1]
     # Handlers sharing a queue share its consumer: the largest prefetch one of
-    # them asks for (else SEMEL_PREFETCH), and every retry tier any of them uses.
+    # them asks for (else SEMEL_PREFETCH), every retry tier any of them uses, and
+    # every pattern as a binding. Each value was checked with its handler's.
     asked = [spec.prefetch for spec, _ in members if spec.prefetch is not None]
-    queue_settings = replace_settings(
-        first,
-        prefetch=max(asked) if asked else first.prefetch,
-        retry_delays=list(dict.fromkeys(d for _, own in members for d in own.retry_delays)),
+    queue_settings = first.model_copy(
+        update={
+            "prefetch": max(asked) if asked else first.prefetch,
+            "retry_delays": list(dict.fromkeys(d for _, own in members for d in own.retry_delays)),
+            "binding_keys": list(dict.fromkeys(p for spec, _ in members for p in spec.patterns)),
+        }
     )
-    topology = replace(
-        topology_of(queue_settings),
-        binding_keys=tuple(dict.fromkeys(p for spec, _ in members for p in spec.patterns)),
-    )
-    return QueuePlan(
-        topology, routes, worker_config(queue_settings), pipeline_config(queue_settings)
-    )
-
-
-def replace_settings(settings: Settings, **changes: Any) -> Settings:
-    """``settings`` with ``changes`` that need no check (each was checked on its own)."""
-    return settings.model_copy(update=changes)
+    return _plan(queue_settings, routes)
 
 
 def queue_names(plans: list[QueuePlan]) -> list[str]:

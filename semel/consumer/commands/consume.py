@@ -101,8 +101,6 @@ async def run_all(workers: list[Worker], stop: asyncio.Event) -> int:
     """Run every queue's worker until ``stop``, or until one of them ends (the broker
     gone for good, a store not set up for semel): then all stop, and the exit code
     is the worst of theirs."""
-    if len(workers) == 1:
-        return await workers[0].run(stop)
     together = asyncio.Event()
     waiter = asyncio.create_task(stop.wait())
     waiter.add_done_callback(lambda _: together.set())
@@ -117,11 +115,9 @@ async def run_all(workers: list[Worker], stop: asyncio.Event) -> int:
         codes = await asyncio.gather(*(run(w) for w in workers), return_exceptions=True)
     finally:
         waiter.cancel()
-    exit_codes: list[int] = []
-    for code in codes:
-        if isinstance(code, BaseException):
-            raise code
-        exit_codes.append(code)
+    exit_codes = [code for code in codes if not isinstance(code, BaseException)]
+    if len(exit_codes) < len(codes):
+        raise next(code for code in codes if isinstance(code, BaseException))
     return max(exit_codes)
 
 
