@@ -316,7 +316,17 @@ class RabbitCluster:
         first, *others = self.nodes
         await asyncio.gather(*(node.ctl("stop_app") for node in others))
         await asyncio.gather(*(node.ctl("join_cluster", first.name) for node in others))
-        await asyncio.gather(*(node.ctl("start_app") for node in others))
+        started = await asyncio.gather(
+            *(node.ctl("start_app") for node in others), return_exceptions=True
+        )
+        # Two nodes starting their apps at once just after joining race, rarely, in
+        # mnesia: one fails (start_app exit 69, mnesia_app did not start; seen in two
+        # CI previews). Joining one at a time instead made the partition test fail
+        # 3 runs in 5 (see 7267979), so the node that lost the race starts again,
+        # alone, now that its peer is up.
+        for node, outcome in zip(others, started, strict=True):
+            if isinstance(outcome, BaseException):
+                await node.ctl("start_app")
 
     async def running_nodes(self, asking: ClusterNode | None = None) -> set[str]:
         """The nodes ``asking`` (the first one up, by default) sees running."""
