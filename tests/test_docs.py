@@ -14,6 +14,7 @@ import aio_pika
 import pytest
 from aio_pika.exceptions import DeliveryError
 
+from examples import store_api
 from examples.handlers import charge, psp
 from examples.producer import publish_order_paid
 from examples.testing_handlers import test_charge as testing_example
@@ -86,6 +87,13 @@ async def test_the_handler_example_charges_once_per_key() -> None:
     assert again.duplicate
     assert refused.dead_lettered
     assert refused.reason == "permanent-error"
+
+
+async def test_the_store_api_example_charges_once_per_key(redis_server: str) -> None:
+    before = len(store_api.charges)
+    first, again = await store_api.main(redis_server, "t" + uuid.uuid4().hex[:12])
+    assert len(store_api.charges) == before + 1
+    assert first == again == {"charge": len(store_api.charges)}
 
 
 async def test_the_producer_example_publishes_what_semel_reads(rabbitmq_server: str) -> None:

@@ -40,7 +40,7 @@ from semel.consumer.runtime.purge import background_purge
 from semel.consumer.runtime.worker import Worker
 from semel.settings import ConfigError, Settings, load_settings
 from semel.stores.base import Store, StoreConfig
-from semel.stores.deadline import DeadlineStore
+from semel.stores.wrappers.deadline import DeadlineStore
 
 TRANSACTIONAL = "postgres_tx"  # the backend key of transactional mode
 
@@ -81,7 +81,7 @@ def store_options(settings: Settings) -> StoreOptions:
         "sqlite": ("semel.stores.sqlite", {"path": settings.sqlite_path, **sql, "config": config}),
         "postgres": ("semel.stores.postgres", {"dsn": settings.postgres_dsn, **sql, **pool}),
         TRANSACTIONAL: (
-            "semel.stores.postgres_tx",
+            "semel.stores.postgres.transactional",
             {
                 "dsn": settings.postgres_dsn,
                 **sql,

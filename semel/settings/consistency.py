@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 PREFIX = "SEMEL_"
 # Transactional mode keeps one connection per handler in its transaction, up to
-# this many (semel.stores.postgres_tx.POOL_MAX): a larger prefetch would have
+# this many (semel.stores.postgres.transactional.POOL_MAX): a larger prefetch would have
 # deliveries claim their keys and then queue for a connection.
 TRANSACTIONAL_CONNECTIONS = 32
 

@@ -81,7 +81,7 @@ _REDIS_SCHEMES = (
 
 
 def _check_redis_url(value: str) -> str:
-    """One server, a Sentinel-managed primary or a Cluster (semel.stores.redis_url reads the
+    """One server, a Sentinel-managed primary or a Cluster (semel.stores.redis.url reads the
     URL; this refuses what it could not read, without ever echoing the URL)."""
     # The hosts are split by hand: several hosts with an IPv6 one among them
     # are refused by urlsplit on some Python 3.11 releases (3.11.2, Debian 12's).

@@ -40,7 +40,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, TypeVar
+from types import TracebackType
+from typing import Any, Self, TypeVar
 
 from semel.stores.codec import dump_result
 from semel.stores.errors import KeyRefused, ResultTooLarge
@@ -279,6 +280,18 @@ class Store(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the container calls it at shutdown."""
+
+    async def __aenter__(self) -> Self:
+        # Already open: ``async with await open_store(url) as store:`` only closes it.
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
 
 
 def answer_of(answer: T | KeyRefused) -> T:

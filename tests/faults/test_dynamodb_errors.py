@@ -27,9 +27,9 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError, ReadTimeoutError
 
-from semel.stores import dynamodb
 from semel.stores.base import Claim, ClaimRequest, Completion, Outcome, Status, Store
-from semel.stores.dynamodb_table import DENIED, TRANSIENT
+from semel.stores.dynamodb import store as dynamodb
+from semel.stores.dynamodb.table import DENIED, TRANSIENT
 from semel.stores.errors import EXIT_USAGE, KeyRefused, StoreMisconfigured, StoreUnavailable
 from tests.conftest import SettingsFactory, StoreFactory
 from tests.fences import clock_us, started_fresh

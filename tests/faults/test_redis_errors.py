@@ -37,7 +37,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from semel.stores.base import Claim, ClaimRequest, Completion, Outcome, Status, Store, StoreConfig
 from semel.stores.errors import EXIT_USAGE, KeyRefused, StoreMisconfigured, StoreUnavailable
-from semel.stores.redis import open_store
+from semel.stores.redis.store import open_store
 from tests.fences import clock_us, started_fresh
 from tests.servers import free_port, wait_for_port
 

@@ -14,7 +14,7 @@ from redis.crc import key_slot
 
 from semel.settings import Settings
 from semel.stores.base import Status, Store
-from semel.stores.redis_buckets import stored_key
+from semel.stores.redis.buckets import stored_key
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
 from tests.consumer.handlers import read_ledger
 from tests.consumer.harness import Broker, eventually

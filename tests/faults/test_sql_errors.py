@@ -4,7 +4,7 @@ A condition that passes (a read-only standby, a lock or statement timeout, a
 role out of connections, a locked or full database) is ``StoreUnavailable``;
 a store that is reachable but not set up for semel (privileges revoked, a
 dropped table, a read-only database file) is ``StoreMisconfigured``. Nothing
-raw escapes (``semel.stores.postgres_errors``, ``semel.stores.sqlite_errors``).
+raw escapes (``semel.stores.postgres.errors``, ``semel.stores.sqlite.errors``).
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ import pytest
 from psycopg import AsyncConnection, sql
 from psycopg.conninfo import make_conninfo
 
-import semel.stores.sqlite
-from semel.stores import postgres, postgres_tx
+import semel.stores.sqlite.store
+from semel.stores import postgres
 from semel.stores.base import ClaimRequest, Completion, Outcome, Store, StoreConfig
 from semel.stores.errors import StoreMisconfigured, StoreUnavailable
-from semel.stores.outbox import Outbox
-from semel.stores.postgres import PostgresStore
-from semel.stores.postgres_tx import TransactionalStore
+from semel.stores.postgres import transactional as postgres_tx
+from semel.stores.postgres.outbox import Outbox
+from semel.stores.postgres.store import PostgresStore
+from semel.stores.postgres.transactional import TransactionalStore
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -265,7 +266,7 @@ def mounted(target: Path, *options: str, read_only: bool = False) -> Iterator[Pa
 async def test_sqlite_a_database_locked_past_the_busy_timeout_is_unavailable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(semel.stores.sqlite, "BUSY_TIMEOUT", 0.2)
+    monkeypatch.setattr(semel.stores.sqlite.store, "BUSY_TIMEOUT", 0.2)
     path = tmp_path / "semel.db"
     store = await sqlite_store(path)
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from semel.stores.base import Status, Store
-from semel.stores.postgres import POOL_TIMEOUT
+from semel.stores.postgres.store import POOL_TIMEOUT
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
 from tests.consumer.handlers import read_ledger
 from tests.consumer.harness import Broker, TcpProxy, eventually

@@ -51,7 +51,7 @@ def test_the_wheel_holds_semels_packages_and_no_tests(wheel: Path) -> None:
     assert not [name for name in files if name.startswith(("tests/", "bench/", "examples/"))]
     # Every module and the Redis store's Lua scripts, which are not Python.
     assert {name for name in files if not name.startswith(dist_info)} == sources("*.py", "*.lua")
-    assert any(name.startswith("semel/stores/redis_scripts/") for name in files)
+    assert any(name.startswith("semel/stores/redis/scripts/") for name in files)
     assert f"{dist_info}/licenses/LICENSE" in files
 
 

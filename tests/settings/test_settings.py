@@ -222,7 +222,7 @@ def test_the_retry_chain_repeats_the_last_tier(
 
 def test_transactional_mode_defaults_its_prefetch_to_its_connections() -> None:
     from semel.settings.model import TRANSACTIONAL_CONNECTIONS
-    from semel.stores.postgres_tx import POOL_MAX
+    from semel.stores.postgres.transactional import POOL_MAX
 
     assert POOL_MAX[1] == TRANSACTIONAL_CONNECTIONS  # one setting per connection of the pool
     settings = load_settings(store="postgres", transactional=True)

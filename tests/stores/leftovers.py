@@ -18,4 +18,4 @@ def store_tasks(before: set[asyncio.Task[object]]) -> list[asyncio.Task[object]]
 
 def _of_the_store(task: asyncio.Task[object]) -> bool:
     code = getattr(task.get_coro(), "cr_code", None)
-    return code is not None and Path(code.co_filename).parent == STORES
+    return code is not None and STORES in Path(code.co_filename).parents

@@ -10,8 +10,8 @@ import pytest
 
 from semel.settings import Settings
 from semel.stores.base import Outcome
-from semel.stores.deadline import DeadlineStore
 from semel.stores.errors import StoreUnavailable
+from semel.stores.wrappers.deadline import DeadlineStore
 from tests.conftest import SettingsFactory, open_store
 from tests.consumer.harness import eventually
 from tests.proxy import TcpProxy

@@ -13,10 +13,10 @@ import boto3
 import pytest
 
 from semel.settings import Settings
-from semel.stores import dynamodb_table
 from semel.stores.base import Claim, Outcome, Status, Store
-from semel.stores.dynamodb import RESULT_LIMIT, DynamoDBStore
-from semel.stores.dynamodb_items import TTL_ATTRIBUTE, Instant, Item, decide, number, string
+from semel.stores.dynamodb import table as dynamodb_table
+from semel.stores.dynamodb.items import TTL_ATTRIBUTE, Instant, Item, decide, number, string
+from semel.stores.dynamodb.store import RESULT_LIMIT, DynamoDBStore
 from semel.stores.errors import ResultTooLarge, StoreMisconfigured
 from tests.conftest import SettingsFactory, StoreFactory, open_store
 from tests.fences import clock_us, started_fresh

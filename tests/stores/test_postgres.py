@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 from semel.stores.errors import StoreUnavailable
-from semel.stores.postgres import PostgresStore, pool_size
-from semel.stores.postgres_sql import schema
+from semel.stores.postgres.sql import schema
+from semel.stores.postgres.store import PostgresStore, pool_size
 from tests.conftest import SettingsFactory, StoreFactory, open_store
 
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "deploy" / "postgres-schema.sql"

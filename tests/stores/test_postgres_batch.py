@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from semel.stores.base import ClaimRequest, Completion, Outcome, Store
-from semel.stores.postgres import PostgresStore
+from semel.stores.postgres.store import PostgresStore
 from tests.conftest import StoreFactory
 from tests.fences import clock_us, started_fresh
 from tests.stores.race import decided

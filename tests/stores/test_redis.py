@@ -15,8 +15,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from semel.stores.base import Claim, ClaimRequest, Completion, Outcome, Status, Store, answer_of
 from semel.stores.errors import KeyRefused, StoreUnavailable
-from semel.stores.redis import COMMAND_TIMEOUT, NO_PERSISTENCE
-from semel.stores.redis_eval import Script, pack, pack_script
+from semel.stores.redis.eval import Script, pack, pack_script
+from semel.stores.redis.store import COMMAND_TIMEOUT, NO_PERSISTENCE
 from tests.conftest import SettingsFactory, StoreFactory, open_store
 from tests.fences import clock_us, started_fresh
 from tests.servers import free_port, wait_for_port

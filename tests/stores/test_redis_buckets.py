@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 from redis.crc import key_slot
 
-from semel.stores.redis_buckets import BUCKETS, SLOTS, stored_key
+from semel.stores.redis.buckets import BUCKETS, SLOTS, stored_key
 
 PREFIX = b"semel:"
 

@@ -18,10 +18,10 @@ from redis.exceptions import AskError, ClusterCrossSlotError, MovedError, TryAga
 from semel.settings import Settings
 from semel.stores.base import ClaimRequest, Completion, Outcome, Status, Store
 from semel.stores.errors import StoreMisconfigured, StoreUnavailable
-from semel.stores.redis_buckets import stored_key
-from semel.stores.redis_errors import store_error
-from semel.stores.redis_setup import FEW_REPLICAS, NO_PERSISTENCE
-from semel.stores.redis_slots import NOT_A_CLUSTER
+from semel.stores.redis.buckets import stored_key
+from semel.stores.redis.errors import store_error
+from semel.stores.redis.setup import FEW_REPLICAS, NO_PERSISTENCE
+from semel.stores.redis.slots import NOT_A_CLUSTER
 from tests.conftest import SettingsFactory, StoreFactory, open_store, settings_env
 from tests.redis_process import HOST
 from tests.redis_servers import Cluster, ClusterNode

@@ -12,8 +12,8 @@ import pytest
 from redis.exceptions import ConnectionError, MovedError, NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from semel.stores.redis_eval import ASKING, Ran, Script, ScriptCall, pack, pack_script, run_scripts
-from semel.stores.redis_wire import exchange, send
+from semel.stores.redis.eval import ASKING, Ran, Script, ScriptCall, pack, pack_script, run_scripts
+from semel.stores.redis.wire import exchange, send
 
 pytestmark = pytest.mark.timeout(10)
 

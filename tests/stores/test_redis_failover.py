@@ -14,7 +14,7 @@ import pytest
 
 from semel.stores.base import ClaimRequest, Completion, Outcome, Store
 from semel.stores.errors import StoreUnavailable
-from semel.stores.redis_errors import NotReplicated
+from semel.stores.redis.errors import NotReplicated
 from tests.conftest import StoreFactory
 from tests.redis_servers import Cluster, SentinelSet
 from tests.stores.race import decided

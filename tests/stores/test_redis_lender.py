@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from semel.stores import redis_lender
-from semel.stores.redis_eval import pack
-from semel.stores.redis_lender import Lender
-from semel.stores.redis_pools import server_pool
-from semel.stores.redis_wire import send
+from semel.stores.redis import lender as redis_lender
+from semel.stores.redis.eval import pack
+from semel.stores.redis.lender import Lender
+from semel.stores.redis.pools import server_pool
+from semel.stores.redis.wire import send
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 import pytest
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from semel.stores import redis_pools
 from semel.stores.base import Outcome, StoreConfig
-from semel.stores.redis import open_store
-from semel.stores.redis_pools import sentinel_pool
-from semel.stores.redis_url import parse
+from semel.stores.redis import pools as redis_pools
+from semel.stores.redis.pools import sentinel_pool
+from semel.stores.redis.store import open_store
+from semel.stores.redis.url import parse
 from tests.redis_process import HOST
 from tests.redis_sentinels import SERVICE, AstraySentinel
 from tests.redis_servers import SentinelSet, running

@@ -12,7 +12,7 @@ from redis.crc import key_slot
 
 from semel.settings import Settings
 from semel.stores.base import Outcome, Store
-from semel.stores.redis_buckets import stored_key
+from semel.stores.redis.buckets import stored_key
 from tests.conftest import REDIS_TOPOLOGIES, SettingsFactory, StoreFactory, open_store, settings_env
 from tests.redis_process import Server
 from tests.redis_servers import Cluster, SentinelSet

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from semel.settings import ConfigError, load_settings, redact
-from semel.stores.redis_url import Mode, parse
+from semel.stores.redis.url import Mode, parse
 
 SECRET = "pa55-w0rd"
 

@@ -14,9 +14,9 @@ import pytest
 
 from semel.stores.base import ClaimRequest, Completion, Outcome, Status, StoreConfig
 from semel.stores.errors import StoreUnavailable
-from semel.stores.redis import open_store
-from semel.stores.redis_errors import NotReplicated
-from semel.stores.redis_setup import FEW_REPLICAS
+from semel.stores.redis.errors import NotReplicated
+from semel.stores.redis.setup import FEW_REPLICAS
+from semel.stores.redis.store import open_store
 from tests.conftest import StoreFactory
 from tests.proxy import TcpProxy
 from tests.redis_process import HOST, Server, Topology, until

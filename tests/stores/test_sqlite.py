@@ -12,10 +12,10 @@ from typing import cast
 import orjson
 import pytest
 
-import semel.stores.sqlite
+import semel.stores.sqlite.store
 from semel.stores.base import Claim, ClaimRequest, Completion, Outcome, Status
 from semel.stores.errors import StoreUnavailable
-from semel.stores.sqlite import SqliteStore, on_thread
+from semel.stores.sqlite.store import SqliteStore, on_thread
 from tests.conftest import SettingsFactory, StoreFactory, open_store
 from tests.stores.race import decided
 
@@ -59,7 +59,7 @@ async def test_database_is_in_wal_mode(make_store: StoreFactory) -> None:
 async def test_locked_database_is_unavailable(
     make_settings: SettingsFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(semel.stores.sqlite, "BUSY_TIMEOUT", 0.2)
+    monkeypatch.setattr(semel.stores.sqlite.store, "BUSY_TIMEOUT", 0.2)
     settings = make_settings()
     store = await open_store(settings)
     try:
@@ -158,7 +158,7 @@ async def test_a_failed_completion_batch_completes_none_of_its_keys(
 async def test_a_locked_database_fails_the_whole_batch(
     make_settings: SettingsFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(semel.stores.sqlite, "BUSY_TIMEOUT", 0.2)
+    monkeypatch.setattr(semel.stores.sqlite.store, "BUSY_TIMEOUT", 0.2)
     settings = make_settings()
     store = await open_store(settings)
     try:

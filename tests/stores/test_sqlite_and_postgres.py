@@ -8,7 +8,7 @@ from typing import Protocol, cast
 import pytest
 
 from semel.stores.base import POISON_ERROR, Outcome, Record, Status, Store
-from semel.stores.refusal import refused_outcome
+from semel.stores.shared.refusal import refused_outcome
 from tests.conftest import StoreFactory
 from tests.fences import clock_us, started_fresh
 

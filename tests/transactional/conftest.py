@@ -16,7 +16,7 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from psycopg import sql
 
-from semel.stores.postgres_tx import TransactionalStore
+from semel.stores.postgres.transactional import TransactionalStore
 from tests.conftest import SettingsFactory, StoreFactory, open_store
 from tests.consumer.conftest import FAST
 from tests.consumer.harness import Broker

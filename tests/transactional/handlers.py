@@ -37,7 +37,7 @@ from semel.consumer import PermanentError
 from semel.consumer.transactional import TransactionalContext
 from semel.consumer.transactional.relay import Relay
 from semel.stores.base import JSON
-from semel.stores.postgres_tx import TransactionalStore
+from semel.stores.postgres.transactional import TransactionalStore
 from tests.consumer.handlers import ALLOW_DIE_ENV
 
 KILL_AT_ENV = "SEMEL_TEST_KILL_AT"

@@ -23,7 +23,7 @@ from psycopg import sql
 
 from semel.settings import Settings
 from semel.stores.base import Status
-from semel.stores.postgres_tx import TransactionalStore
+from semel.stores.postgres.transactional import TransactionalStore
 from tests.consumer.handlers import ALLOW_DIE_ENV
 from tests.consumer.harness import Broker, ConsumerProcess, eventually, processes
 from tests.transactional.conftest import Downstream

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from semel.consumer.names import Topology
-from semel.stores.postgres_tx import TransactionalStore
+from semel.stores.postgres.transactional import TransactionalStore
 from tests.conftest import SettingsFactory, open_store
 from tests.consumer.harness import Broker
 from tests.transactional.conftest import Downstream

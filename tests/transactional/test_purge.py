@@ -10,7 +10,7 @@ from psycopg import AsyncConnection, sql
 
 from semel.consumer.runtime.purge import purge
 from semel.settings import Settings
-from semel.stores.postgres_tx import TransactionalStore
+from semel.stores.postgres.transactional import TransactionalStore
 from tests.conftest import SettingsFactory, StoreFactory
 from tests.tools.conftest import semel
 from tests.transactional.test_store import FP, order

@@ -18,8 +18,8 @@ from psycopg import AsyncConnection
 from semel.consumer.names import IDEMPOTENCY_HEADER
 from semel.consumer.transactional.relay import Relay
 from semel.stores.base import JSON
-from semel.stores.outbox import Outbox, OutboxMessage
-from semel.stores.postgres_tx import TransactionalStore
+from semel.stores.postgres.outbox import Outbox, OutboxMessage
+from semel.stores.postgres.transactional import TransactionalStore
 from tests.conftest import StoreFactory
 from tests.transactional.conftest import Downstream, rows
 

@@ -14,9 +14,9 @@ from psycopg import AsyncConnection, sql
 
 from semel.stores.base import JSON, Outcome, Status
 from semel.stores.errors import FencedOut, StoreUnavailable
-from semel.stores.outbox import Outbox
-from semel.stores.outbox import schema as outbox_schema
-from semel.stores.postgres_tx import TransactionalStore, Work
+from semel.stores.postgres.outbox import Outbox
+from semel.stores.postgres.outbox import schema as outbox_schema
+from semel.stores.postgres.transactional import TransactionalStore, Work
 from tests.conftest import SettingsFactory, StoreFactory, open_store
 from tests.stores.test_postgres import statements
 from tests.transactional.conftest import rows

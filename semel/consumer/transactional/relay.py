@@ -29,8 +29,8 @@ from semel.consumer.backoff import Backoff
 from semel.consumer.broker.publishing import Published, publish_confirmed
 from semel.consumer.names import DEFAULT_EXCHANGE, IDEMPOTENCY_HEADER
 from semel.stores.errors import StoreUnavailable
-from semel.stores.outbox import OutboxMessage
-from semel.stores.postgres_tx import TransactionalStore
+from semel.stores.postgres.outbox import OutboxMessage
+from semel.stores.postgres.transactional import TransactionalStore
 
 BATCH = 100  # rows per pass (and per transaction)
 POLL_INTERVAL = 1.0  # seconds between passes when no commit wakes the relay

@@ -3,7 +3,7 @@ key's completion and its outgoing messages commit in one PostgreSQL transaction.
 
 The delivery pipeline is the ordinary one; only two collaborators differ. The
 handler is wrapped so that it runs inside a unit of work
-(:meth:`semel.stores.postgres_tx.TransactionalStore.run_unit`) and sees the
+(:meth:`semel.stores.postgres.transactional.TransactionalStore.run_unit`) and sees the
 transaction as ``context.db``; the unit commits before the pipeline acks, and
 the store then answers the pipeline's completion from that commit. The worker
 also runs the outbox relay and the background purge.
@@ -35,8 +35,8 @@ from semel.consumer.runtime.worker import Worker
 from semel.consumer.transactional.relay import Relay
 from semel.stores.base import JSON, Store
 from semel.stores.errors import FencedOut
-from semel.stores.outbox import Outbox
-from semel.stores.postgres_tx import TransactionalStore
+from semel.stores.postgres.outbox import Outbox
+from semel.stores.postgres.transactional import TransactionalStore
 
 log = structlog.get_logger("semel.transactional")
 

@@ -11,7 +11,7 @@ the pool, and the next lend takes one out of the pool with all its checks.
 At most :data:`KEEP` are kept, and the pool still bounds how many exist.
 
 A connection that failed is dropped by redis-py's connection layer (see
-:mod:`semel.stores.redis_wire`), and a dropped one is never kept: the pool opens
+:mod:`semel.stores.redis.wire`), and a dropped one is never kept: the pool opens
 it again. A kept connection that the server closed within the second (a
 restart, ``CLIENT KILL``) fails on its next use, which is then the store
 being away, as it was.

@@ -29,11 +29,11 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from semel.stores.base import JSON, Claim, Completion, Outcome, Record, Status, Store, StoreConfig
 from semel.stores.errors import FencedOut, StoreError, StoreMisconfigured, StoreUnavailable
-from semel.stores.outbox import Outbox, OutboxMessage, OutboxTable
-from semel.stores.outbox import schema as outbox_schema
-from semel.stores.postgres import POOL_TIMEOUT, PostgresStore, open_pool, pool_size
-from semel.stores.postgres_errors import BACKEND, one_line, translated
-from semel.stores.refusal import refused_outcome
+from semel.stores.postgres.errors import BACKEND, one_line, translated
+from semel.stores.postgres.outbox import Outbox, OutboxMessage, OutboxTable
+from semel.stores.postgres.outbox import schema as outbox_schema
+from semel.stores.postgres.store import POOL_TIMEOUT, PostgresStore, open_pool, pool_size
+from semel.stores.shared.refusal import refused_outcome
 
 # A claim (or heartbeat) that meets a locked key row gives up after this long:
 # the row belongs to a transaction that is about to commit, or to a lost client.

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from semel.stores.dynamodb_items import PARTITION_KEY, TTL_ATTRIBUTE
+from semel.stores.dynamodb.items import PARTITION_KEY, TTL_ATTRIBUTE
 from semel.stores.errors import KeyRefused, StoreError, StoreMisconfigured, StoreUnavailable
 
 if TYPE_CHECKING:

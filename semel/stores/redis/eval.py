@@ -5,7 +5,7 @@ batch's hundreds of arguments it costs several times the packing of bytes
 done here, and the arguments every call of a script shares are packed once
 (:class:`Args`). The calls for one server (all of a batch on one server, a
 node's share under Cluster) and the ``WAIT`` after them are written together
-and cost one round trip (:mod:`semel.stores.redis_wire`), every server's at once.
+and cost one round trip (:mod:`semel.stores.redis.wire`), every server's at once.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 
 from redis.exceptions import NoScriptError, ResponseError
 
-from semel.stores.redis_lender import Source
-from semel.stores.redis_wire import exchange
+from semel.stores.redis.lender import Source
+from semel.stores.redis.wire import exchange
 
 
 class Script:
@@ -107,7 +107,7 @@ Ran = tuple[list[Any], int | None] | Exception
 
 async def run_scripts(rounds: Sequence[Round], wait: bytes | None = None) -> list[Ran]:
     """Run each round's calls on its server, every server in one round trip (see
-    :func:`semel.stores.redis_wire.exchange`); for each, the replies and the ``wait``'s.
+    :func:`semel.stores.redis.wire.exchange`); for each, the replies and the ``wait``'s.
 
     ``wait`` is a packed ``WAIT``, sent after a server's calls on the same
     connection: its reply counts the replicas that acknowledged every write the

@@ -1,6 +1,6 @@
 """The Redis store on a Redis Cluster: a batch split by hash slot, one round trip per node.
 
-A key is stored under one of 64 hash tags (:mod:`semel.stores.redis_buckets`),
+A key is stored under one of 64 hash tags (:mod:`semel.stores.redis.buckets`),
 ``<prefix>:{<tag>}:<key>``. A script call may only take keys of one slot,
 so a batch becomes one call per tag its keys fall in (at most 64), each the
 batch script over its keys and deciding each key as if alone; the calls for
@@ -15,7 +15,7 @@ up to :data:`REDIRECTS` times. Nothing else is sent twice: a call whose
 node stopped answering may have run, and the store answers that the store
 is away (``StoreUnavailable``) for the whole batch, as it does for
 ``TRYAGAIN``, ``CLUSTERDOWN`` and redirections past the budget; the claims
-of the batch that were granted are given back (:mod:`semel.stores.redis_base`).
+of the batch that were granted are given back (:mod:`semel.stores.redis.base`).
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from redis.crc import key_slot
 from redis.exceptions import AskError, ClusterDownError, MovedError, ReadOnlyError
 
 from semel.stores.base import StoreConfig
-from semel.stores.redis_base import Call, RedisScripts
-from semel.stores.redis_buckets import layout, stored_key
-from semel.stores.redis_eval import Script, ScriptCall, pack
-from semel.stores.redis_setup import merged, server_facts, warnings_of
-from semel.stores.redis_slots import SlotMap
-from semel.stores.redis_url import Address, RedisTarget
-from semel.stores.redis_wire import send
+from semel.stores.redis.base import Call, RedisScripts
+from semel.stores.redis.buckets import layout, stored_key
+from semel.stores.redis.eval import Script, ScriptCall, pack
+from semel.stores.redis.setup import merged, server_facts, warnings_of
+from semel.stores.redis.slots import SlotMap
+from semel.stores.redis.url import Address, RedisTarget
+from semel.stores.redis.wire import send
 
 T = TypeVar("T")
 

@@ -3,7 +3,7 @@
 redis-py's ``execute_command`` sends one command and reads its reply, in a
 retry loop (which the store sets to never resend), with metric hooks and an
 encoder that takes any argument type one at a time. The store packs its own
-commands (:mod:`semel.stores.redis_eval`) and writes a server's share of a batch
+commands (:mod:`semel.stores.redis.eval`) and writes a server's share of a batch
 at once on a connection borrowed from the client's own pool, then reads the
 replies in order.
 
@@ -32,7 +32,7 @@ from typing import Any
 from redis.exceptions import ConnectionError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from semel.stores.redis_lender import Source
+from semel.stores.redis.lender import Source
 
 Replies = list[Any] | Exception
 """A server's replies in order, or the error that cut it off (the commands may have run)."""

@@ -1,6 +1,6 @@
 """The Redis store on one server: a standalone Redis, or the primary Sentinel names.
 
-Which one a URL names, and a Redis Cluster too, is :mod:`semel.stores.redis_url`'s
+Which one a URL names, and a Redis Cluster too, is :mod:`semel.stores.redis.url`'s
 to read; :func:`open_store` opens the store each needs. On one server a
 batch (``claim_many`` / ``complete_many``) is one EVALSHA of a script over
 all its keys: one round trip and one reply to decode (a script holds the
@@ -9,7 +9,7 @@ Sentinel the pool asks the sentinels where the primary is for every new
 connection, asks them again every second, and drops connections to a
 primary they no longer name, so after a failover, which the consumer waits
 out as an outage, the store is on the new primary by itself
-(:mod:`semel.stores.redis_pools`).
+(:mod:`semel.stores.redis.pools`).
 """
 
 from __future__ import annotations
@@ -21,19 +21,19 @@ from redis.asyncio import ConnectionPool, Redis
 
 from semel.stores.base import Store, StoreConfig
 from semel.stores.errors import StoreMisconfigured
-from semel.stores.redis_base import Call, RedisScripts
-from semel.stores.redis_cluster import RedisClusterStore
-from semel.stores.redis_errors import CLUSTER
-from semel.stores.redis_eval import Script, ScriptCall
-from semel.stores.redis_pools import (
+from semel.stores.redis.base import Call, RedisScripts
+from semel.stores.redis.cluster import RedisClusterStore
+from semel.stores.redis.errors import CLUSTER
+from semel.stores.redis.eval import Script, ScriptCall
+from semel.stores.redis.pools import (
     COMMAND_TIMEOUT,
     BlockingSentinelPool,
     close_sentinels,
     sentinel_pool,
     server_pool,
 )
-from semel.stores.redis_setup import NO_PERSISTENCE, server_facts, warnings_of
-from semel.stores.redis_url import Mode, parse
+from semel.stores.redis.setup import NO_PERSISTENCE, server_facts, warnings_of
+from semel.stores.redis.url import Mode, parse
 
 __all__ = ["COMMAND_TIMEOUT", "NO_PERSISTENCE", "RedisStore", "open_store"]
 
@@ -86,7 +86,7 @@ class RedisStore(RedisScripts):
 async def open_store(
     *, url: str, connections: int, config: StoreConfig, replicas_ack: int = 0
 ) -> Store:
-    """A store on ``url`` (see :mod:`semel.stores.redis_url`), pooling up to ``connections``
+    """A store on ``url`` (see :mod:`semel.stores.redis.url`), pooling up to ``connections``
     per server; every write waits for ``replicas_ack`` replicas.
 
     Connections open lazily, so an unreachable server surfaces on the first

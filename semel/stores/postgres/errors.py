@@ -12,13 +12,13 @@ class 08 connection_exception      :class:`StoreUnavailable`
 40001 serialization_failure        :class:`StoreUnavailable`
 40P01 deadlock_detected            :class:`StoreUnavailable`, once a batch statement
                                    has lost it ``DEADLOCK_ATTEMPTS`` times
-                                   (``semel.stores.postgres``: it is sent again)
+                                   (``semel.stores.postgres.store``: sent again)
 53000 insufficient_resources,      :class:`StoreUnavailable`
 53100 disk_full, 53200 out_of_
 memory, 53300 too_many_connections
 55P03 lock_not_available           :class:`StoreUnavailable`: ``lock_timeout``, but
                                    the transactional store's claim answers
-                                   "in progress" (``semel.stores.postgres_tx``)
+                                   "in progress" (``semel.stores.postgres.transactional``)
 57014 query_canceled               :class:`StoreUnavailable`: ``statement_timeout``
 57P01 admin_shutdown, 57P02        :class:`StoreUnavailable`
 crash_shutdown, 57P03

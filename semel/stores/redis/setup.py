@@ -13,10 +13,10 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from semel.stores.redis_errors import passes
-from semel.stores.redis_eval import pack
-from semel.stores.redis_lender import Source
-from semel.stores.redis_wire import send
+from semel.stores.redis.errors import passes
+from semel.stores.redis.eval import pack
+from semel.stores.redis.lender import Source
+from semel.stores.redis.wire import send
 
 NO_PERSISTENCE = "Redis keeps nothing on disk: a restart forgets every key"
 EVICTING = (

@@ -3,7 +3,7 @@
 Claims and completions of many keys go out as one statement each, over
 arrays of keys; a single claim is a batch of one, so both paths decide a key
 in exactly the same way. The SQL and its guarantees are in
-:mod:`semel.stores.postgres_sql`.
+:mod:`semel.stores.postgres.sql`.
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ from semel.stores.base import (
 )
 from semel.stores.codec import load_result
 from semel.stores.errors import KeyRefused
-from semel.stores.postgres_errors import BACKEND, translated
-from semel.stores.postgres_sql import Statements, schema
-from semel.stores.refusal import refused_outcome, written_claim
+from semel.stores.postgres.errors import BACKEND, translated
+from semel.stores.postgres.sql import Statements, schema
+from semel.stores.shared.refusal import refused_outcome, written_claim
 
 CONNECT_TIMEOUT = 3  # seconds; libpq's minimum useful value is 2
 POOL_TIMEOUT = 5.0  # seconds a caller waits for a pooled connection
 # The client-side bounds below never go under this many seconds: they back up
-# the consumer's own deadline (semel.stores.deadline), they do not replace it, and a
+# the consumer's own deadline (semel.stores.wrappers.deadline), they do not replace it, and a
 # loaded server must not see its statements cut short under a short lease.
 BACKSTOP_FLOOR = 5.0
 # Bounds of the store's pool. With claims and completions batched, a process
@@ -64,7 +64,7 @@ class PostgresStore(Store):
     """Keys in one PostgreSQL table, shared by every consumer process.
 
     The server's failures become store errors by SQLSTATE
-    (:mod:`semel.stores.postgres_errors`). No key is refused alone: the keys the
+    (:mod:`semel.stores.postgres.errors`). No key is refused alone: the keys the
     consumer sends (printable, at most 256 characters) all fit a row.
     """
 

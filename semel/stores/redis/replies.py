@@ -16,7 +16,7 @@ import orjson
 from semel.stores.base import Claim, ClaimRequest, Completion, Outcome, Record, Status
 from semel.stores.codec import from_epoch_ms
 from semel.stores.errors import KeyRefused
-from semel.stores.redis_errors import foreign
+from semel.stores.redis.errors import foreign
 
 _WRITTEN = ord("1")  # complete.lua's answer for a key it wrote
 _REFUSED = ord("R")  # and for a key a foreign value holds

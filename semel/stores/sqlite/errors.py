@@ -1,6 +1,6 @@
 """What SQLite's failures become, sorted by result code.
 
-The SQLite store runs everything through :func:`semel.stores.sqlite.on_thread`,
+The SQLite store runs everything through :func:`semel.stores.sqlite.store.on_thread`,
 which turns sqlite3's errors into the store errors of :mod:`semel.stores.errors`
 by the error's primary result code (an extended code's low byte):
 

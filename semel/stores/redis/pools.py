@@ -27,7 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from semel.stores.redis_url import RedisTarget
+from semel.stores.redis.url import RedisTarget
 
 CONNECT_TIMEOUT = 2.0
 """Seconds to open a connection: a stopped server shows up this fast."""
@@ -47,7 +47,7 @@ def pool_options(connections: int) -> dict[str, Any]:
         "socket_timeout": COMMAND_TIMEOUT,
         # Never resend: a script that ran but whose reply was lost would run
         # twice, and a repeated complete would report a fence it lost to itself.
-        # Scripts bypass the client's retry loop (semel.stores.redis_eval); ping and
+        # Scripts bypass the client's retry loop (semel.stores.redis.eval); ping and
         # CONFIG GET still go through it.
         "retry": Retry(NoBackoff(), 0),
     }

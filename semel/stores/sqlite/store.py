@@ -9,7 +9,7 @@ thread; the event loop only awaits it.
 A batch (``claim_many``, ``complete_many``) is one hop to that thread and one
 write transaction, so one fsync at COMMIT stands for the whole batch; its
 callers are answered only once COMMIT has returned. A batch of claims is one
-statement (``semel.stores.sqlite_sql``); completions keep one statement per key,
+statement (``semel.stores.sqlite.sql``); completions keep one statement per key,
 as in-process statements cost microseconds and the fsync milliseconds.
 """
 
@@ -35,9 +35,9 @@ from semel.stores.base import (
     StoreConfig,
 )
 from semel.stores.errors import StoreError
-from semel.stores.refusal import refused_outcome, written_claim
-from semel.stores.sqlite_errors import BACKEND, store_error
-from semel.stores.sqlite_sql import batch_text, decode, refuse_nul, statements
+from semel.stores.shared.refusal import refused_outcome, written_claim
+from semel.stores.sqlite.errors import BACKEND, store_error
+from semel.stores.sqlite.sql import batch_text, decode, refuse_nul, statements
 
 BUSY_TIMEOUT = 5.0  # seconds a writer waits for another process's lock
 MIN_VERSION = (3, 35, 0)  # UPSERT ... RETURNING
@@ -76,7 +76,7 @@ def immediate(conn: sqlite3.Connection) -> Iterator[dict[str, int]]:
 class SqliteStore(Store):
     """Keys in one SQLite table, shared by the processes of one host.
 
-    SQLite's failures become store errors by result code (:mod:`semel.stores.sqlite_errors`).
+    SQLite's failures become store errors by result code (:mod:`semel.stores.sqlite.errors`).
     No key is refused alone: a NUL in a key or fingerprint (which the consumer
     never sends) is refused up front as a ``ValueError``, the batch with it.
     """
@@ -224,7 +224,7 @@ async def on_thread(
     thread: ThreadPoolExecutor, work: Callable[[A], T], arg: A, *, opening: bool = False
 ) -> T:
     """Run blocking ``work`` on the store's thread (``opening`` the store);
-    SQLite's failures become store errors (:mod:`semel.stores.sqlite_errors`)."""
+    SQLite's failures become store errors (:mod:`semel.stores.sqlite.errors`)."""
     try:
         return await asyncio.get_running_loop().run_in_executor(thread, work, arg)
     except sqlite3.Error as exc:

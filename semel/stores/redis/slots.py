@@ -17,11 +17,11 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 from redis.exceptions import ClusterDownError, RedisError, ResponseError
 
 from semel.stores.errors import StoreMisconfigured
-from semel.stores.redis_eval import pack
-from semel.stores.redis_lender import Lender
-from semel.stores.redis_pools import server_pool
-from semel.stores.redis_url import Address, RedisTarget
-from semel.stores.redis_wire import send
+from semel.stores.redis.eval import pack
+from semel.stores.redis.lender import Lender
+from semel.stores.redis.pools import server_pool
+from semel.stores.redis.url import Address, RedisTarget
+from semel.stores.redis.wire import send
 
 CLUSTER_SLOTS = pack(b"CLUSTER", b"SLOTS")
 NOT_A_CLUSTER = (

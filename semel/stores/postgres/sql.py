@@ -6,14 +6,14 @@ conflicting row and evaluates the WHERE clause against its latest committed
 version, so concurrent claimers of one key are serialised by the server and
 exactly one of them writes. Every lease and retention time is computed from
 the server's ``now()``. The claim and the single-key writes are written once
-for both SQL stores, in :mod:`semel.stores.sql_shared`.
+for both SQL stores, in :mod:`semel.stores.sql.statements`.
 """
 
 from __future__ import annotations
 
 from psycopg import sql
 
-from semel.stores.sql_shared import Dialect, Shared
+from semel.stores.sql.statements import Dialect, Shared
 
 # Times are the server's own, so no client's clock ever shortens a lease.
 # Durations are bound in seconds; the result is stored as jsonb, read as text.
@@ -43,7 +43,7 @@ WHERE t.key = c.key AND t.fence = c.fence AND t.status = 'in_progress'
 RETURNING t.key
 """
 
-# Two copies, this and SQLite's (semel.stores.sqlite_sql.PURGE), the same but for
+# Two copies, this and SQLite's (semel.stores.sqlite.sql.PURGE), the same but for
 # locking: here purges and claims run side by side, so a purge skips rows
 # another transaction holds and checks expiry again on delete; SQLite's write
 # lock lets one writer in at a time, so it needs neither.
@@ -78,7 +78,7 @@ class Statements:
         self.reset = compose(shared.reset())
 
 
-# Two copies of one table, this and SQLite's (semel.stores.sqlite_sql.SCHEMA): the
+# Two copies of one table, this and SQLite's (semel.stores.sqlite.sql.SCHEMA): the
 # same columns and index in each dialect's types, times as timestamptz here
 # and integer ms there, the result as jsonb here and TEXT there. A template
 # over both would bury the types that are the whole difference.

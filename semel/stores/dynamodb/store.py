@@ -5,13 +5,13 @@ write for the server; a completion is a fenced UpdateItem that returns nothing.
 A refused write gets the item it collided with in the same call
 (``ReturnValuesOnConditionCheckFailure=ALL_OLD``); only a server that does not
 return it (dynalite) costs one consistent GetItem more. The item layout, the
-writes and the claim decision live in :mod:`semel.stores.dynamodb_items`, the table
-and its TTL in :mod:`semel.stores.dynamodb_table`.
+writes and the claim decision live in :mod:`semel.stores.dynamodb.items`, the table
+and its TTL in :mod:`semel.stores.dynamodb.table`.
 
 boto3's client is thread-safe but blocking, so every call runs on a private
 thread pool sized for the deliveries in flight, never on the event loop. What
 fails after botocore's own retries is sorted into the contract's errors by
-:func:`semel.stores.dynamodb_table.store_error`.
+:func:`semel.stores.dynamodb.table.store_error`.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from semel.stores import dynamodb_items as items
-from semel.stores import dynamodb_table
 from semel.stores.base import Claim, Completion, Outcome, Record, Status, Store, StoreConfig
-from semel.stores.dynamodb_items import Instant, Item, Step, Update
-from semel.stores.dynamodb_table import BACKEND
+from semel.stores.dynamodb import items
+from semel.stores.dynamodb import table as dynamodb_table
+from semel.stores.dynamodb.items import Instant, Item, Step, Update
+from semel.stores.dynamodb.table import BACKEND
 from semel.stores.errors import StoreUnavailable
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """The statements that decide a key, written once for both SQL stores.
 
 The PostgreSQL and the SQLite store claim with the same upsert and write
-with the same fenced updates, and :mod:`semel.stores.refusal` judges both stores'
+with the same fenced updates, and :mod:`semel.stores.shared.refusal` judges both stores'
 refusals alike, so the text that decides lives here, once. The two dialects
 differ only in how a few words are spelled; a :class:`Dialect` spells them:
 
@@ -27,7 +27,7 @@ differ only in how a few words are spelled; a :class:`Dialect` spells them:
 
 Where a claim's rows come from (arrays, a JSON object, one key), the batched
 completion, the purge and the schema are each one dialect's own and stay in
-:mod:`semel.stores.postgres_sql` and :mod:`semel.stores.sqlite_sql`.
+:mod:`semel.stores.postgres.sql` and :mod:`semel.stores.sqlite.sql`.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from semel.stores.base import POISON_ERROR, Claim, Outcome, Record, Status, StoreConfig
 from semel.stores.codec import from_epoch_ms, load_result
-from semel.stores.refusal import refused_outcome
+from semel.stores.shared.refusal import refused_outcome
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef

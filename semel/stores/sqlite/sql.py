@@ -13,7 +13,7 @@ is still decided on its own, exactly as a single-key upsert would decide it.
 A lone key is bound directly: ``json_each`` would add a third to its cost.
 
 The claim and the single-key writes are the PostgreSQL store's, written once
-for both in :mod:`semel.stores.sql_shared`.
+for both in :mod:`semel.stores.sql.statements`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import orjson
 
 from semel.stores.base import Record, Status
 from semel.stores.codec import from_epoch_ms, load_result
-from semel.stores.sql_shared import Dialect, Shared
+from semel.stores.sql.statements import Dialect, Shared
 
 # Times are the store's, bound as :now (ms) and :now_us (the same reading in
 # microseconds, for fences); durations in ms; results as TEXT.
@@ -49,13 +49,13 @@ FROM json_each(:batch) AS r
 WHERE true"""
 IN_BATCH = "t.key IN (SELECT r.key FROM json_each(:batch) AS r)"
 
-# Two copies, this and PostgreSQL's (semel.stores.postgres_sql.PURGE), the same but
+# Two copies, this and PostgreSQL's (semel.stores.postgres.sql.PURGE), the same but
 # for locking: the write lock lets one writer in at a time, so none of the row
 # locking PostgreSQL's purge needs against concurrent claims.
 PURGE = """DELETE FROM {table} WHERE key IN (
     SELECT key FROM {table} WHERE expires_at <= :now LIMIT :limit)"""
 
-# Two copies of one table, this and PostgreSQL's (semel.stores.postgres_sql.schema):
+# Two copies of one table, this and PostgreSQL's (semel.stores.postgres.sql.schema):
 # the same columns and index in each dialect's types, times as integer ms here
 # and timestamptz there, the result as TEXT here and jsonb there.
 SCHEMA = """

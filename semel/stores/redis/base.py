@@ -1,7 +1,7 @@
 """The Redis store's contract in Lua scripts, wherever the scripts run.
 
 A record is a single hash at ``<prefix>:<key>``. Each operation is one
-EVALSHA of a script in ``semel/stores/redis_scripts/``: the claim inspects, takes
+EVALSHA of a script in ``semel/stores/redis/scripts/``: the claim inspects, takes
 over or refuses and returns the record in the same round trip. Leases are
 server-clock milliseconds (``TIME``); retention is the key's own expiry,
 refreshed by every write, so Redis forgets finished keys by itself. A key
@@ -15,16 +15,16 @@ several keys in one call, each key decided as if alone, since a script runs
 atomically as a whole. Which keys one call may take is the subclass's to
 say (:meth:`RedisScripts._layout`), and where a call runs
 (:meth:`RedisScripts._run`): one server takes a whole batch
-(:mod:`semel.stores.redis`), a Redis Cluster one hash slot per call
-(:mod:`semel.stores.redis_cluster`). Every script touches only the keys it
+(:mod:`semel.stores.redis.store`), a Redis Cluster one hash slot per call
+(:mod:`semel.stores.redis.cluster`). Every script touches only the keys it
 declares.
 
 With ``replicas_ack`` every write is followed, in the same round trip, by a
 ``WAIT`` for that many replicas; fewer acknowledgements make the call fail
-as the store being away (:class:`semel.stores.redis_errors.NotReplicated`), never
+as the store being away (:class:`semel.stores.redis.errors.NotReplicated`), never
 a write reported safe, and the claims it granted are given back.
 
-The server's errors are sorted in :mod:`semel.stores.redis_errors`. A key that a
+The server's errors are sorted in :mod:`semel.stores.redis.errors`. A key that a
 foreign value of another type holds is refused on its own: a batch script
 reads every key before it writes any and answers such a key with a marker,
 and a single-key script fails on its first read of it, before any write.
@@ -52,15 +52,15 @@ from semel.stores.base import (
     StoreConfig,
 )
 from semel.stores.errors import KeyRefused, StoreError
-from semel.stores.redis_errors import NotReplicated, store_error
-from semel.stores.redis_eval import Args, Round, Script, pack, pack_script, run_scripts
-from semel.stores.redis_replies import decode_claims, decode_completions, decode_record
-from semel.stores.redis_wire import Replies
+from semel.stores.redis.errors import NotReplicated, store_error
+from semel.stores.redis.eval import Args, Round, Script, pack, pack_script, run_scripts
+from semel.stores.redis.replies import decode_claims, decode_completions, decode_record
+from semel.stores.redis.wire import Replies
 
 WAIT_LIMIT = 2.0
 """Seconds a ``WAIT`` may take at most: its reply must come before the socket's timeout."""
 
-_SCRIPTS = Path(__file__).with_name("redis_scripts")
+_SCRIPTS = Path(__file__).with_name("scripts")
 
 T = TypeVar("T")
 
@@ -108,7 +108,7 @@ class RedisScripts(Store):
     """
 
     backend = "redis"
-    cluster = False  # how the server's errors read (semel.stores.redis_errors)
+    cluster = False  # how the server's errors read (semel.stores.redis.errors)
     # result_limit stays None: a Redis string holds 512 MB, beyond any sane result.
 
     def __init__(self, config: StoreConfig, replicas_ack: int = 0) -> None:
@@ -173,7 +173,7 @@ class RedisScripts(Store):
         return answers
 
     async def _call(self, operation: Callable[[], Awaitable[T]], key: str | None = None) -> T:
-        """Run ``operation``, its server's errors sorted (see :mod:`semel.stores.redis_errors`);
+        """Run ``operation``, its server's errors sorted (see :mod:`semel.stores.redis.errors`);
         ``key`` is the one key of a single-key script."""
         try:
             return await operation()
