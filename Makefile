@@ -15,10 +15,15 @@ system:
 	$(if $(SYSTEM_PACKAGES_MISSING),$(error $(SYSTEM_PACKAGES_MISSING)))
 	@PYTHON='$(PYTHON)' scripts/system-packages
 
+# FASTSTREAM=0.7.3 installs that release instead of the newest, so CI tests
+# the oldest FastStream the middleware supports as well (.ci/fresh-machine).
+FASTSTREAM ?=
+
 $(BIN)/.installed: pyproject.toml | system
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	$(if $(FASTSTREAM),$(BIN)/pip install --quiet 'faststream[rabbit]==$(FASTSTREAM)')
 	touch $@
 
 services: system $(BIN)/.installed

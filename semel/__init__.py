@@ -4,4 +4,36 @@ The packages live under this one name so that a service's own top-level
 ``settings``, ``stores`` or ``consumer`` never shadows them, nor they it:
 ``semel.consumer`` (handlers import ``Context`` and ``PermanentError`` from it),
 ``semel.stores`` and ``semel.settings``.
+
+For code that consumes or calls on its own (a FastStream app, an aio-pika
+callback, a web endpoint), ``from semel import Semel``: the engine those front
+doors share (see ``semel.consumer.embedded``). The names below are imported on
+first use, so ``import semel`` stays cheap for a worker or a command.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from semel.consumer import Context, PermanentError
+    from semel.consumer.embedded import Semel, current
+    from semel.settings import Settings
+
+_PUBLIC = {
+    "Semel": "semel.consumer.embedded",
+    "current": "semel.consumer.embedded",
+    "Context": "semel.consumer",
+    "PermanentError": "semel.consumer",
+    "Settings": "semel.settings",
+}
+
+__all__ = ["Context", "PermanentError", "Semel", "Settings", "current"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'semel' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

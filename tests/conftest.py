@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.metadata
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -82,7 +83,12 @@ def rabbitmq_lane(config: pytest.Config) -> str:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    return f"rabbitmq lane: {rabbitmq_lane(config)}"
+    # Which FastStream the middleware's tests meet (CI runs the oldest and the newest).
+    try:
+        faststream = importlib.metadata.version("faststream")
+    except importlib.metadata.PackageNotFoundError:
+        faststream = "not installed"
+    return f"rabbitmq lane: {rabbitmq_lane(config)}; faststream {faststream}"
 
 
 @pytest.fixture(scope="session")

@@ -194,8 +194,14 @@ def _reply_text(exc: ChannelPreconditionFailed) -> str:
     return text.removeprefix("PRECONDITION_FAILED - ") or "declared with different arguments"
 
 
-async def declare(connection: AbstractConnection, spec: TopologySpec) -> None:
+async def declare(
+    connection: AbstractConnection, spec: TopologySpec, *, work_queue: bool = True
+) -> None:
     """Declare exchanges, queues and bindings; safe to run any number of times.
+
+    Without ``work_queue``, Q and its exchange are left alone: a consumer of
+    another framework declares its own queue, with its own arguments, and
+    semel adds only the delay queues, the DLQ and their exchanges beside it.
 
     Raises :class:`TopologyMismatch` naming the queue and argument when an
     existing queue was declared differently.
@@ -207,7 +213,7 @@ async def declare(connection: AbstractConnection, spec: TopologySpec) -> None:
             (spec.exchange, aio_pika.ExchangeType.TOPIC),
             (names.retry_exchange, aio_pika.ExchangeType.DIRECT),
             (names.dead_letter_exchange, aio_pika.ExchangeType.DIRECT),
-        ]
+        ][0 if work_queue else 1 :]
         for name, kind in exchanges:
             try:
                 await channel.declare_exchange(name, kind, durable=True)
@@ -216,5 +222,5 @@ async def declare(connection: AbstractConnection, spec: TopologySpec) -> None:
     finally:
         if not channel.is_closed:
             await channel.close()
-    for queue in reversed(queue_specs(spec)):
+    for queue in reversed(queue_specs(spec)[0 if work_queue else 1 :]):
         await _declare_queue(connection, queue)

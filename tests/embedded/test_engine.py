@@ -1,0 +1,47 @@
+"""``Semel``'s settings, given in code or read from the environment, and the package's
+public names."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import semel
+from semel.consumer.errors import ConfigurationError
+from semel.settings import Settings
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_settings_in_code_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEMEL_STORE", "postgres")
+    monkeypatch.setenv("SEMEL_QUEUE", "from.env")
+    assert semel.Semel().settings.queue == "from.env"
+    engine = semel.Semel(store="redis", redis_url="redis://cache:6379/0")
+    assert (engine.settings.store.value, engine.settings.queue) == ("redis", "from.env")
+    given = Settings(store="sqlite", queue="from.code")
+    assert semel.Semel(given).settings.queue == "from.code"
+    assert semel.Semel(given, queue="over").settings.queue == "over"
+
+
+def test_a_bad_setting_in_code_is_refused_naming_it() -> None:
+    with pytest.raises(ConfigurationError, match=r"^SEMEL_STORE: "):
+        semel.Semel(store="nope")
+    with pytest.raises(ConfigurationError, match="SEMEL_LOCK_TTL"):
+        semel.Semel(Settings(), lock_ttl=-1)
+    with pytest.raises(ConfigurationError, match=r"^SEMEL_TRANSACTIONAL: "):
+        semel.Semel(store="postgres", transactional=True)
+
+
+def test_import_semel_stays_light() -> None:
+    """The front doors' names come on first use: a worker or a command imports
+    none of FastStream, aio-pika or a store's client for them."""
+    code = (
+        "import sys, semel\n"
+        "assert not {'aio_pika', 'faststream', 'redis', 'psycopg'} & set(sys.modules)\n"
+        "assert semel.Semel.__name__ == 'Semel' and semel.Settings.__name__ == 'Settings'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
