@@ -3,13 +3,12 @@ delivery (docs/aio-pika.md). ``tests/embedded/test_examples.py`` runs it."""
 
 from __future__ import annotations
 
+# --8<-- [start:consumer]
 import asyncio
 import logging
 import signal
 
 import aio_pika
-
-# --8<-- [start:consumer]
 from aio_pika.abc import AbstractIncomingMessage
 
 from semel import PermanentError, Semel
@@ -41,9 +40,6 @@ async def main() -> None:
         await connection.close()
 
 
-# --8<-- [end:consumer]
-
-
 async def stopped() -> None:
     """Until SIGTERM or SIGINT."""
     stop = asyncio.Event()
@@ -56,3 +52,4 @@ async def stopped() -> None:
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
     asyncio.run(main())
+# --8<-- [end:consumer]

@@ -8,10 +8,10 @@ runs it against the real broker.
 
 from __future__ import annotations
 
+# --8<-- [start:service]
 import asyncio
 import logging
 
-# --8<-- [start:service]
 from faststream import Context, FastStream
 from faststream.rabbit import RabbitBroker, RabbitQueue
 from pydantic import BaseModel
@@ -55,9 +55,7 @@ async def close_semel() -> None:
     await engine.close()
 
 
-# --8<-- [end:service]
-
-
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
     asyncio.run(app.run())
+# --8<-- [end:service]

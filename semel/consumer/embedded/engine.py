@@ -17,6 +17,7 @@ import inspect
 from types import TracebackType
 from typing import Any
 
+import structlog
 from dependency_injector import providers
 
 from semel.consumer.broker.connection import through_drops
@@ -30,6 +31,7 @@ from semel.consumer.embedded.door import DeferringSettler, Door, Witness, throug
 from semel.consumer.embedded.scope import Scope
 from semel.consumer.errors import ConfigurationError
 from semel.consumer.names import Topology
+from semel.consumer.ops.logs import configure
 from semel.consumer.ops.metrics import Metrics, MetricsObserver
 from semel.consumer.ops.tracing import traced
 from semel.consumer.plan import message_rules, pipeline_config, retry_policy, topology_of
@@ -77,6 +79,10 @@ class Semel:
     async def start(self) -> Semel:
         """Open the store (a bad setting or an unreachable store raises here)."""
         async with self._started:
+            if not structlog.is_configured():
+                # semel's lines in SEMEL_LOG_FORMAT at SEMEL_LOG_LEVEL, unless the
+                # application configured structlog itself; its logging stays its own.
+                configure(self._container.logs(), stdlib=False)
             if self._store is None:
                 store = self._container.store()
                 if inspect.isawaitable(store):

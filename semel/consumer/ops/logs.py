@@ -82,8 +82,13 @@ class ThroughStructlog(logging.Handler):
             self.handleError(record)
 
 
-def configure(setup: LogSetup) -> None:
-    """Route structlog and the standard library (aio-pika) to stderr in one format."""
+def configure(setup: LogSetup, *, stdlib: bool = True) -> None:
+    """Route structlog and the standard library (aio-pika) to stderr in one format.
+
+    Without ``stdlib`` only semel's own (structlog) lines are configured: inside
+    an application (the front doors) the standard library's logging is the
+    application's, and its root handlers are left alone.
+    """
     renderer: structlog.types.Processor = (
         structlog.processors.JSONRenderer()
         if setup.as_json
@@ -106,6 +111,8 @@ def configure(setup: LogSetup) -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+    if not stdlib:
+        return
     handler = ThroughStructlog(structlog.PrintLogger(file=sys.stderr))
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
