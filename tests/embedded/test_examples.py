@@ -68,4 +68,7 @@ async def test_the_example_runs_each_order_once(
 
 
 async def consumed(broker: Broker, queue: str) -> bool:
-    return await broker.consumers(queue) > 0 and await broker.consumers(f"{queue}.dlq") == 0
+    """The example consumes its queue, and semel's queues beside it are declared:
+    their delay consumers run (the DLQ is looked at next)."""
+    conflict = f"{queue}.retry.conflict"
+    return await broker.consumers(queue) > 0 and await broker.consumers(conflict) > 0
