@@ -45,3 +45,34 @@ def test_import_semel_stays_light() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
+
+
+async def test_a_decorated_function_runs_once_in_the_engines_store(redis_server: str) -> None:
+    """``engine.idempotent``: the engine's store, and one of its own retention for a
+    function whose completed keys expire sooner."""
+    import uuid
+
+    engine = semel.Semel(store="redis", redis_url=redis_server, key_prefix=uuid.uuid4().hex)
+    runs: list[str] = []
+
+    @engine.idempotent(key="order_id", scope="charge")
+    async def charge(order_id: str) -> int:
+        runs.append(order_id)
+        return len(runs)
+
+    @engine.idempotent(key="order_id", scope="remind", expires_after=5)
+    async def remind(order_id: str) -> int:
+        runs.append(f"remind {order_id}")
+        return len(runs)
+
+    async with engine:
+        assert [await charge("o-1"), await charge("o-1"), await remind("o-1")] == [1, 1, 2]
+        assert await remind("o-1") == 2
+        kept = await (await engine.store_for(None)).get("charge:o-1")
+        brief = await (await engine.store_for(5)).get("remind:o-1")
+    assert runs == ["o-1", "remind o-1"]
+    assert kept is not None
+    assert brief is not None
+    assert kept.expires_at is not None
+    assert brief.expires_at is not None
+    assert (kept.expires_at - brief.expires_at).total_seconds() > 3600  # a day against 5 s

@@ -40,7 +40,14 @@ from semel.consumer.delivery.decide import (
 )
 from semel.consumer.delivery.facts import Delivery, Facts
 from semel.consumer.delivery.handler import Context
-from semel.consumer.delivery.lease import HEARTBEATS_PER_LEASE, Lease, Renewal, run_leased
+from semel.consumer.delivery.keyed import (
+    claim_key,
+    record_failed,
+    record_success,
+    release,
+    release_after_failure,
+)
+from semel.consumer.delivery.lease import Lease, Renewal, run_leased
 from semel.consumer.delivery.log_lines import Summary, bound_to
 from semel.consumer.delivery.message import Incoming, Parsed
 from semel.consumer.delivery.observe import Observer
@@ -56,7 +63,6 @@ from semel.stores.errors import StoreError, StoreMisconfigured
 
 log = structlog.get_logger("semel.pipeline")
 
-_RELEASE_WAIT = 5.0  # seconds a cut-short delivery waits to release its claim
 # Seconds a stop gives a plain handler's thread, which cannot be cancelled, to
 # end after the grace: one that ends in time is recorded as usual; the key of
 # one still running stays held until it ends or the process exits.
@@ -160,7 +166,7 @@ class Pipeline:
             # rather than when its lease runs out, and let the worker park
             # the message. The release is fenced: a key settled meanwhile
             # is left as it is.
-            await self._release(step, renewal)
+            await release(self._store, step, renewal)
             raise
         finally:
             if (task := asyncio.current_task()) is not None:
@@ -173,27 +179,21 @@ class Pipeline:
 
     async def _claim(self, delivery: Delivery, parsed: Parsed) -> Settle | Lease:
         """Claim the key: a lease to run under, or what to do instead."""
-        claimed_at = time.monotonic()
+        ttl = self._config.lock_ttl
         try:
-            claim = await self._store.claim(parsed.key, parsed.fingerprint)
+            claimed = await claim_key(
+                self._store, parsed.key, parsed.fingerprint, ttl, self._pressure.answered
+            )
         except StoreError as exc:
             return decide_store_error(exc)
-        finally:
-            self._pressure.answered(time.monotonic() - claimed_at)
-        delivery.fence = claim.fence
-        self._observer.claimed(claim, delivery.facts.attempt)
-        step = decide_after_claim(claim)
+        delivery.fence = claimed.claim.fence
+        self._observer.claimed(claimed.claim, delivery.facts.attempt)
+        step = decide_after_claim(claimed.claim)
         if not isinstance(step, Run):
             return step
-        lease = Lease(parsed.key, step.fence, self._config.lock_ttl, renewed_at=claimed_at)
-        if lease.remaining() < lease.ttl * (1 - 1 / HEARTBEATS_PER_LEASE):
-            # The answer took longer than the first heartbeat may: a store this
-            # slow cannot be trusted to keep the lease alive, and the handler
-            # could outlive it. Free the key and wait for the store instead.
-            await self._release(lease)
-            waited = time.monotonic() - claimed_at
-            return Requeue(f"claim answered after {waited:.2f}s of a {lease.ttl:g}s lease")
-        return lease
+        if claimed.lease is None:  # granted too late to run under: released already
+            return Requeue(f"claim answered after {claimed.waited:.2f}s of a {ttl:g}s lease")
+        return claimed.lease
 
     async def _run(self, delivery: Delivery, parsed: Parsed, renewal: Renewal) -> Settle:
         """Run the handler under ``renewal``'s lease, then record what it did; the
@@ -239,13 +239,7 @@ class Pipeline:
         stored_form = storable(self._store, lease.key, result)
         sent_at = time.monotonic()
         try:
-            # Retried until the store answers, even past a bug in semel: the
-            # handler succeeded, and giving the key up would run it again.
-            stored = await write_fenced(
-                lease,
-                lambda: self._store.complete(lease.key, lease.fence, stored_form),
-                past_lease=True,
-            )
+            stored = await record_success(self._store, lease, stored_form)
         except StoreError as exc:  # refused for good, or a store not set up for semel
             return decide_store_error(exc)
         self._pressure.answered(time.monotonic() - sent_at)
@@ -264,20 +258,14 @@ class Pipeline:
             # Ownership is checked before the dead letter, and the key marked
             # failed once it is confirmed; renewed until then.
             return decision
-        lease = renewal.lease
-        await renewal.stop()  # a renewal landing after the release would hold the key
         try:
-            released = await write_fenced(
-                lease, lambda: self._store.release(lease.key, lease.fence)
-            )
-            if released:
-                return decision
-            # Not released: taken over meanwhile (the new owner decides), or
-            # completed by this very claim (a COMMIT whose answer came too late).
-            record = await write_fenced(lease, lambda: self._store.get(lease.key))
+            released = await release_after_failure(self._store, renewal)
         except StoreError as store_exc:
             return decide_store_error(store_exc)
-        return decide_by_record(record, lease.fence, decision.error) or NackToConflict(
+        if released.done:
+            return decision
+        fence = renewal.lease.fence
+        return decide_by_record(released.record, fence, decision.error) or NackToConflict(
             Outcome.FENCED_OUT, error=decision.error
         )
 
@@ -318,11 +306,7 @@ class Pipeline:
         again for a late copy once its lease lapsed.
         """
         try:
-            marked = await write_fenced(
-                lease,
-                lambda: self._store.fail(lease.key, lease.fence, decision.error),
-                past_lease=True,
-            )
+            marked = await record_failed(self._store, lease, decision.error)
         except StoreMisconfigured as exc:
             # Handed back and consumption stops: never ACKed with the key in progress.
             return decide_store_error(exc)
@@ -338,32 +322,8 @@ class Pipeline:
     async def _cut_short(self, delivery: Delivery, renewal: Renewal) -> None:
         """Shutdown cut the handler short: free the key at once (unless its thread
         still runs) and hand the message back."""
-        await self._release(renewal.lease, renewal)
+        await release(self._store, renewal.lease, renewal)
         await self._settle(delivery, SHUTDOWN)
-
-    async def _release(self, lease: Lease, renewal: Renewal | None = None) -> None:
-        """Free the key at once, if the store answers soon; else its lease runs out.
-
-        Never while a thread of this process still runs the handler: the key
-        stays held, renewed, until the thread ends or the process (and the
-        thread with it) exits, then is left to its lease; no other worker ever
-        runs it at the same time.
-        """
-        if renewal is not None:
-            await renewal.stop()  # a renewal landing after the release would hold the key
-        if lease.busy:
-            log.warning(
-                "handler thread still running; its key stays held until it ends or the "
-                "process exits, then its lease runs out",
-                key=lease.key,
-            )
-            return
-        try:
-            await asyncio.wait_for(self._store.release(lease.key, lease.fence), _RELEASE_WAIT)
-        except (StoreError, TimeoutError) as exc:
-            log.warning(
-                "claim not released; it expires by itself", key=lease.key, error=describe(exc)
-            )
 
     def _report(self, delivery: Delivery, decision: Settle, applied: Applied) -> Settle:
         """Tell the observer and the summary, and log the one line that says what

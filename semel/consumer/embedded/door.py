@@ -12,6 +12,7 @@ delivery's task, so one pipeline serves every delivery of the queue.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
@@ -29,6 +30,9 @@ from semel.consumer.delivery.pipeline import Pipeline
 from semel.stores.base import Claim
 
 Call = Callable[[Context], Awaitable[Any]]
+# Seconds the deliveries cut short at close get to release their claims (as the
+# worker gives them).
+CUT_SHORT_WAIT = 10.0
 
 
 @dataclass(slots=True)
@@ -104,25 +108,39 @@ class Doors(Protocol):
 
 
 class Door:
-    """One queue's pipeline and the consumers of its delay queues."""
+    """One queue's pipeline, the deliveries it is processing, and the consumers of
+    its delay queues."""
 
     def __init__(self, pipeline: Pipeline, settler: DeferringSettler, delays: DelayReturns) -> None:
         self.pipeline = pipeline
         self._settler = settler
         self._delays = delays
+        self._tasks: set[asyncio.Task[Settle]] = set()
 
     @property
     def queue(self) -> str:
         return self.pipeline.config.queue
 
-    async def handle(self, message: Incoming, passage: Passage) -> Settle:
-        """Process and settle ``message`` (an ACK left to :meth:`finish` if deferred)."""
-        token = _PASSAGE.set(passage)
-        try:
-            passage.decision = await self.pipeline.handle(message)
-            return passage.decision
-        finally:
-            _PASSAGE.reset(token)
+    def start(self, message: Incoming, passage: Passage) -> asyncio.Task[Settle]:
+        """Process and settle ``message`` in a task of semel's own (an ACK left to
+        :meth:`finish` if deferred).
+
+        Not in the caller's task: aiormq runs each delivery's callback (and
+        FastStream its whole subscriber) in a task it cancels when the channel
+        closes, and a broker restart would cut every delivery short in the
+        middle of its handler or of its completion's write, running its key
+        again elsewhere. The worker has its own task per delivery for the same
+        reason. Callers await it shielded; :meth:`close` stops what is left.
+        """
+        task = asyncio.create_task(self._handle(message, passage))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _handle(self, message: Incoming, passage: Passage) -> Settle:
+        _PASSAGE.set(passage)  # this task's own context
+        passage.decision = await self.pipeline.handle(message)
+        return passage.decision
 
     async def finish(self, message: Incoming, passage: Passage, *, ack: bool) -> None:
         """Send the ACK the pipeline left to the front door, or hand the message back
@@ -135,5 +153,15 @@ class Door:
         else:
             await self._settler.give_back(message)
 
-    async def close(self) -> None:
+    async def close(self, grace: float) -> None:
+        """Let the deliveries in flight finish for ``grace`` seconds, cut the rest
+        short (their claims released, their messages handed back), as the worker
+        stops; then stop returning delayed messages."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=grace)
+        running = {t for t in self._tasks if not self.pipeline.concluding(t)}
+        for task in running:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=CUT_SHORT_WAIT)
         await self._delays.stop()

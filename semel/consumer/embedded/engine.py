@@ -5,7 +5,9 @@ code or read from the environment (``SEMEL_*``, as the worker reads it). It
 opens the store and a broker connection of its own (for the confirmed retry
 copies and dead letters, and to return what waits in the delay queues) and
 gives the front doors their queues: :meth:`Semel.process` for an aio-pika
-callback, :meth:`Semel.faststream` for a FastStream broker or router.
+callback, :meth:`Semel.faststream` for a FastStream broker or router, and
+:meth:`Semel.idempotent` for any async function (no broker needed then:
+only the store is opened).
 Everything runs through the composition root, like ``semel consume``: the
 same store wrappers (deadline, batching, metrics), pipeline and settler.
 """
@@ -14,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import structlog
 from dependency_injector import providers
@@ -30,6 +33,7 @@ from semel.consumer.delivery.routes import Routes
 from semel.consumer.embedded.door import DeferringSettler, Door, Witness, through
 from semel.consumer.embedded.scope import Scope
 from semel.consumer.errors import ConfigurationError
+from semel.consumer.idempotent import idempotent
 from semel.consumer.names import Topology
 from semel.consumer.ops.logs import configure
 from semel.consumer.ops.metrics import Metrics, MetricsObserver
@@ -37,6 +41,9 @@ from semel.consumer.ops.tracing import traced
 from semel.consumer.plan import message_rules, pipeline_config, retry_policy, topology_of
 from semel.settings import ConfigError, Settings, derived
 from semel.stores.base import Store
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class Semel:
@@ -67,6 +74,12 @@ class Semel:
         self._container.settings.override(providers.Object(settings))
         self._store: Store | None = None
         self._doors: dict[str, Door] = {}
+        # A decorated function's own expiry is a store of its own retention.
+        self._kept: dict[float, tuple[Container, Store]] = {}
+        self._locks()
+
+    def _locks(self) -> None:
+        # Made again at close: a lock once waited on belongs to that event loop.
         self._opening = asyncio.Lock()
         self._started = asyncio.Lock()
 
@@ -84,14 +97,7 @@ class Semel:
                 # application configured structlog itself; its logging stays its own.
                 configure(self._container.logs(), stdlib=False)
             if self._store is None:
-                store = self._container.store()
-                if inspect.isawaitable(store):
-                    await store
-                metered: Any = self._container.metered_store()
-                if inspect.isawaitable(metered):
-                    metered = await metered
-                await self._container.purger.async_()
-                self._store = metered
+                self._store = await _opened(self._container)
         return self
 
     async def store(self) -> Store:
@@ -100,6 +106,29 @@ class Semel:
             await self.start()
         assert self._store is not None
         return self._store
+
+    async def store_for(self, retention: float | None) -> Store:
+        """The store that keeps completed keys for ``retention`` seconds (``None``:
+        ``SEMEL_RETENTION``), opened the first time it is asked for."""
+        if retention is None or retention == self.settings.retention:
+            return await self.store()
+        async with self._opening:
+            if (kept := self._kept.get(retention)) is None:
+                # Not checked against the retry chain, as derived() would: a
+                # function's keys are not redelivered, only called again.
+                settings = self.settings.model_copy(update={"retention": retention})
+                container = Container()
+                container.settings.override(providers.Object(settings))
+                kept = self._kept[retention] = (container, await _opened(container))
+        return kept[1]
+
+    def idempotent(
+        self, **options: Any
+    ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Coroutine[Any, Any, R]]]:
+        """``@engine.idempotent(key="order_id", ...)``: an ``async def`` run
+        effectively once per key in this engine's store (the options are
+        :func:`semel.consumer.idempotent.idempotent`'s; see docs/idempotent.md)."""
+        return idempotent(self.store_for, **options)
 
     async def door(self, queue: str | None = None) -> Door:
         """``queue``'s door (default ``SEMEL_QUEUE``), its delay queues and DLQ declared
@@ -167,9 +196,16 @@ class Semel:
         """Stop the delay consumers, close the store and the connection."""
         doors, self._doors = list(self._doors.values()), {}
         for door in doors:
-            await door.close()
+            await door.close(self.settings.shutdown_grace)
+        kept, self._kept = list(self._kept.values()), {}
+        for container, _ in kept:
+            await shutdown(container)
         self._store = None
         await shutdown(self._container)
+        # Started again (a test's next event loop, say), the store is opened
+        # anew: the metered wrapper must not hold on to the closed one.
+        self._container.metered_store.reset()
+        self._locks()
 
     async def __aenter__(self) -> Semel:
         return await self.start()
@@ -181,3 +217,17 @@ class Semel:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+async def _opened(container: Container) -> Store:
+    """``container``'s store behind the worker's wrappers (a deadline on every call,
+    batching, metrics), its background purge started."""
+    store = container.store()
+    if inspect.isawaitable(store):
+        await store
+    metered: Any = container.metered_store()
+    if inspect.isawaitable(metered):
+        metered = await metered
+    await container.purger.async_()
+    opened: Store = metered
+    return opened

@@ -22,6 +22,7 @@ Supported: FastStream 0.6 and 0.7, with ``faststream[rabbit]``.
 
 from __future__ import annotations
 
+import asyncio
 from types import TracebackType
 from typing import Any
 
@@ -89,7 +90,15 @@ class SemelMiddleware(BaseMiddleware):
             return result
 
         self._passage = passage = Passage(run, defer_ack=True)
-        decision = await door.handle(raw, passage)
+        task = door.start(raw, passage)
+        try:
+            decision = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # FastStream's task is cancelled (the channel closed under it, or
+            # the app is stopping): the delivery goes on in semel's task, and
+            # with nobody left to publish a reply it settles by itself.
+            passage.defer_ack = False
+            raise
         if isinstance(decision, Ack) and decision.outcome in _REPLIED:
             if decision.outcome is Outcome.COMPLETED and replies:
                 return replies[0]

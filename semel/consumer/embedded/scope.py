@@ -94,9 +94,13 @@ class Scope:
         self._owner = asyncio.current_task()
         self._started = loop.create_future()
         self._ended = loop.create_future()
-        self._task = asyncio.create_task(door.handle(self._message, Passage(self._bridge)))
+        self._task = door.start(self._message, Passage(self._bridge))
         waits: set[asyncio.Future[Any]] = {self._started, self._task}
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # stopped before the block began: cut it short
+            self._task.cancel()
+            raise
         if self._started.done():
             self._run.context = self._started.result()
         else:  # settled without running the block
@@ -130,7 +134,7 @@ class Scope:
         if isinstance(exc, asyncio.CancelledError):
             if self._cancelled_by_us and self._owner is not None and self._owner.uncancel() == 0:
                 # Ours alone: the pipeline records why (lease lost, time limit).
-                self._run.decision = await task
+                self._run.decision = await asyncio.shield(task)
                 return True
             # The application is stopping: the claim is released, the message handed back.
             task.cancel()
@@ -144,5 +148,8 @@ class Scope:
                 ended.set_result(self._run.result)
             else:
                 ended.set_exception(exc)
-        self._run.decision = await task
+        # Shielded: the block has ended, and a cancellation of this task now
+        # (aiormq's, when the channel closes) must not cut the completion's
+        # write short; the delivery's settling goes on in semel's task.
+        self._run.decision = await asyncio.shield(task)
         return exc is None or isinstance(exc, Exception)
