@@ -6,7 +6,9 @@ Usage::
                                    redis-cluster,redis-sentinel,all}[,...]
                           [--faults {classic,full,blackhole,slow,all}[,...]]
                           [--replicas-ack N[,N...]]
-                          [--messages N] [--workers W] [--kills K] [--seed S]
+                          [--front {worker,faststream}]
+                          [--messages N] [--workers W] [--kills K]
+                          [--kill-every SECONDS] [--duplicates SHARE] [--seed S]
                           [--rate R] [--outage SECONDS] [--stall SECONDS]
                           [--delay MS] [--keep DIR]
 
@@ -14,9 +16,10 @@ For each store it starts a private RabbitMQ node and a private store server on
 free loopback ports (the shared services are never touched), runs W
 ``python -m semel`` processes with the ledger handler
 (``tests.chaos.ledger:handle``), and publishes N messages of which 40 % are
-duplicates (half concurrent copies, half late copies sent after the key
-completed). While they flow it SIGKILLs K workers in the middle of a handler
-(each restarted at once), restarts the broker (``rabbitmqctl stop_app`` /
+duplicates (``--duplicates``; half concurrent copies, half late copies sent
+after the key completed). While they flow it SIGKILLs K workers in the middle
+of a handler (each restarted at once; ``--kill-every S``: one every S seconds
+until the producer is done, instead), restarts the broker (``rabbitmqctl stop_app`` /
 ``start_app``) and takes the store away for ``--outage`` seconds (longer than
 the 2.5 s lease, on purpose): PostgreSQL and Redis servers are stopped and
 started, DynamoDB's port is cut by a TCP proxy (moto keeps its tables in
@@ -25,6 +28,13 @@ PostgreSQL store in transactional mode (``SEMEL_TRANSACTIONAL``), whose
 handler writes its effect in the key's own transaction. Then it waits until
 every key is completed in the store or in ``Q.dlq`` and prints one table.
 That is the ``classic`` run.
+
+``--front faststream`` runs the workers as FastStream apps with semel's
+middleware (``tests.chaos.faststream_app``) instead: the same ``SEMEL_*``
+environment, a subscriber on the work queue that is the same ledger handler,
+the same JSON ``settled`` lines, so every figure and the verdict read the
+same. Its subscriber is the async handler only: ``postgres-tx`` and
+``rolling`` runs are skipped with it.
 
 ``--faults`` (default ``all``) picks the runs made for each store; each kind
 other than ``classic`` is a run of its own with ``--messages`` x 2/5
@@ -108,9 +118,10 @@ from rich.console import Console
 
 from tests.chaos.faults import CLASSIC, FAULTS, REPLICATED_REDIS, ROLLING, fits
 from tests.chaos.rabbit import LANE_ENV, RabbitNode
-from tests.chaos.run import ChaosConfig, Report, run_chaos
+from tests.chaos.run import ChaosConfig, Report, front_fits, run_chaos
 from tests.chaos.table import evidence, tables
 from tests.chaos.transactional import TRANSACTIONAL
+from tests.chaos.workers import FRONTS, WORKER
 
 STORES = ("sqlite", "postgres", "redis", "dynamodb", TRANSACTIONAL)  # --store all
 LEASE = ChaosConfig(store="sqlite").lock_ttl
@@ -136,6 +147,28 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--messages", type=int, default=3000, help="messages in all (default 3000)")
     parser.add_argument("--workers", type=int, default=2, help="consumer processes (default 2)")
     parser.add_argument("--kills", type=int, default=12, help="SIGKILLs mid-handler (default 12)")
+    parser.add_argument(
+        "--kill-every",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="classic runs: a SIGKILL mid-handler every SECONDS from 10 %% of the flow "
+        "until the producer is done, instead of --kills",
+    )
+    parser.add_argument(
+        "--duplicates",
+        type=float,
+        default=ChaosConfig(store="sqlite").duplicates,
+        metavar="SHARE",
+        help="share of the messages that are copies, half concurrent, half late (default 0.4)",
+    )
+    parser.add_argument(
+        "--front",
+        choices=tuple(FRONTS),
+        default=WORKER,
+        help="worker: python -m semel (default); faststream: a FastStream app with "
+        "semel's middleware",
+    )
     parser.add_argument(
         "--terms",
         type=int,
@@ -169,22 +202,27 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.workers < 2 or args.messages < 25 or args.kills < 0 or args.rate <= 0:
         parser.error("need --workers >= 2, --messages >= 25, --kills >= 0, --rate > 0")
+    if not 0 <= args.duplicates < 1 or args.kill_every < 0:
+        parser.error("need 0 <= --duplicates < 1, --kill-every >= 0")
     if args.stall <= 2 * LEASE or args.delay < 0:
         parser.error(f"need --stall > {2 * LEASE:g} (two leases), --delay >= 0")
     if not runs(args):
         stores = ",".join(args.store)
-        parser.error(f"--faults {','.join(args.faults)} fits no store of --store {stores}")
+        parser.error(
+            f"--faults {','.join(args.faults)} fits no store of --store {stores}"
+            f" with --front {args.front}"
+        )
     return args
 
 
 def runs(args: argparse.Namespace) -> list[tuple[str, str, int]]:
     """(store, fault, replicas_ack) of every run asked for, in order: a kind that does not
-    fit is skipped."""
+    fit (the store, or the front door) is skipped."""
     return [
         (store, fault, ack)
         for store in args.store
         for fault in args.faults
-        if fits(fault, store)
+        if fits(fault, store) and front_fits(args.front, store, fault)
         for ack in (args.replicas_ack if store in REPLICATED_REDIS else (0,))
     ]
 
@@ -231,6 +269,8 @@ async def run_all(args: argparse.Namespace) -> list[Report]:
                 messages=args.messages if classic else args.messages * 2 // 5,
                 workers=args.workers,
                 kills=args.kills if classic else (args.kills // 2 if fault == ROLLING else 0),
+                kill_every=args.kill_every if classic else 0.0,
+                duplicates=args.duplicates,
                 terms=args.terms,
                 seed=args.seed,
                 rate=args.rate,
@@ -240,6 +280,7 @@ async def run_all(args: argparse.Namespace) -> list[Report]:
                 drain_deadline=180 if classic else 120,
                 keep=keep,
                 replicas_ack=replicas_ack,
+                front=args.front,
             )
             reports.append(await run_chaos(config, node))
     finally:

@@ -1,14 +1,20 @@
 """One chaos run against one store: servers, workers, traffic, faults, drain, verdict.
 
 The timeline is laid out over the expected publishing time ``flow``. In a
-``classic`` run worker kills spread over 10-85 % of it, the broker restart
-lands at 30 %, the store outage at 60 % once handlers run again, so every
-fault lands while messages flow. A run of one of the other kinds
-(:mod:`tests.chaos.faults`) injects only that fault: a Redis filling up or
-one worker's blackholed link at ``fault_at`` of the flow, once handlers run,
-or a slow link for the whole run. After the producer is done the run waits
-(up to the drain deadline) until every key is completed in the store or
+``classic`` run worker kills spread over 10-85 % of it (or land every
+``kill_every`` seconds from 10 % of it until the producer is done), the
+broker restart lands at 30 %, the store outage at 60 % once handlers run
+again, so every fault lands while messages flow. A run of one of the other
+kinds (:mod:`tests.chaos.faults`) injects only that fault: a Redis filling up
+or one worker's blackholed link at ``fault_at`` of the flow, once handlers
+run, or a slow link for the whole run. After the producer is done the run
+waits (up to the drain deadline) until every key is completed in the store or
 dead-lettered and the work, retry and conflict queues are empty.
+
+``front`` picks what the workers are: ``python -m semel`` with the ledger
+handler, or a FastStream app with semel's middleware whose subscriber is that
+handler (:mod:`tests.chaos.faststream_app`). Everything else, the verdict
+included, is the same for both.
 """
 
 from __future__ import annotations
@@ -67,7 +73,7 @@ from tests.chaos.verdict import (
     overlapping,
     read_settled,
 )
-from tests.chaos.workers import Pool
+from tests.chaos.workers import FASTSTREAM, WORKER, Pool
 from tests.conftest import open_store, settings_env
 from tests.consumer.harness import Broker
 from tests.proxy import TcpProxy
@@ -83,6 +89,7 @@ class ChaosConfig:
     messages: int = 3000
     workers: int = 2
     kills: int = 12
+    kill_every: float = 0.0  # > 0: a SIGKILL every that many seconds, instead of ``kills``
     seed: int = 1
     rate: float = 100.0  # messages per second, copies included
     duplicates: float = 0.4  # share of the messages that are copies
@@ -103,6 +110,7 @@ class ChaosConfig:
     keep: Path | None = None  # copy the ledger and worker logs here
     # Replicated Redis stores: replicas that acknowledge each write (SEMEL_REDIS_REPLICAS_ACK).
     replicas_ack: int = 0
+    front: str = WORKER  # what each worker process runs: see tests.chaos.workers.FRONTS
 
 
 @dataclass(slots=True)
@@ -129,6 +137,7 @@ class Report:
     overlaps: int = 0  # pairs of executions of one key that ran at the same time
     overlaps_claim_lost: int = 0  # of them, after a claim the failed primary had not replicated
     replicas_ack: int = 0
+    front: str = WORKER
     failovers: list[Failover] = field(default_factory=list)
     # Wall-clock span of the handler executions: the faults landed inside it, or not.
     flow: tuple[float, float] = (0.0, 0.0)
@@ -196,8 +205,18 @@ async def wait_for_consumers(observer: Broker, queue: str, count: int, deadline:
         await asyncio.sleep(0.2)
 
 
+def front_fits(front: str, store: str, fault: str) -> bool:
+    """Whether workers of ``front`` can run ``fault`` against ``store``: the FastStream
+    subscriber is the async ledger handler, so neither the transactional handler
+    (its effect written through ``context.db``) nor the rolling run's plain ``def``."""
+    return front != FASTSTREAM or (store != TRANSACTIONAL and fault != ROLLING)
+
+
 async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Report:
     """Run one store's chaos; ``node`` is a private broker to reuse (started if absent)."""
+    if not front_fits(config.front, config.store, config.fault):
+        wanted = f"{config.store} {config.fault}"
+        raise ValueError(f"the {config.front} front door does not run {wanted}")
     began = time.monotonic()
     aws_test_credentials()
     rng = random.Random(config.seed)
@@ -224,7 +243,7 @@ async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Repo
 
         ledger = workdir / "ledger.db"
         env = settings_env(workers) | {LEDGER_ENV: str(ledger), "PYTHONUNBUFFERED": "1"}
-        pool = Pool(config.workers, env, workdir / "logs", ledger, own_env)
+        pool = Pool(config.workers, env, workdir / "logs", ledger, own_env, config.front)
         stack.push_async_callback(pool.stop)
         if config.keep is not None:
             name = (
@@ -241,15 +260,22 @@ async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Repo
         rate = config.rate * (SLOW_BURST if config.fault == SLOW else 1)
         flow = sum(1 + order.copies for order in orders) / rate
         timeline = Timeline(config, flow, rng)
-        log.info("%s, %s: %d workers consuming; publishing for about %.0fs", config.store,
-                 config.fault, config.workers, flow)  # fmt: skip
+        log.info("%s, %s: %d %s workers consuming; publishing for about %.0fs", config.store,
+                 config.fault, config.workers, config.front, flow)  # fmt: skip
         supervisor = asyncio.create_task(pool.supervise())
         publisher = Publisher(node.url, settings.exchange)
         stack.push_async_callback(publisher.close)
+        # Started before the faults, which may run for as long as it does.
+        producing = asyncio.ensure_future(
+            produce(publisher, orders, rate, done_checker(store), rng)
+        )
         try:
             faults: list[Awaitable[None]] = []
             if config.fault == CLASSIC:
-                faults += [timeline.kills(pool), timeline.broker_and_store(node, server, pool)]
+                faults += [
+                    timeline.kills(pool, producing),
+                    timeline.broker_and_store(node, server, pool),
+                ]
             elif config.fault == FULL:
                 faults.append(timeline.fill_up(server, pool))
             elif config.fault == ROLLING:
@@ -267,9 +293,6 @@ async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Repo
                     f"prefetch {config.slow_prefetch}, lease {config.lock_ttl:g}s, "
                     f"published at {rate:g}/s"
                 )
-            producing = asyncio.ensure_future(
-                produce(publisher, orders, rate, done_checker(store), rng)
-            )
             await asyncio.gather(producing, *faults)
             sent = producing.result()
             log.info("producer done (%d confirmed); draining", sent.total)
@@ -278,6 +301,7 @@ async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Repo
             drain = Drain(observer, store, settings, [order.key for order in orders])
             drained = await drain.until_settled(config.drain_deadline)
         finally:
+            producing.cancel()  # a no-op once it is done
             await pool.stop()
             supervisor.cancel()
         log.info("drained: %s; workers stopped", drained)
@@ -360,6 +384,7 @@ async def _report(
         overlaps=len(overlaps),
         overlaps_claim_lost=sum(1 for pair in overlaps if claim_lost(pair, failovers)),
         replicas_ack=config.replicas_ack,
+        front=config.front,
         failovers=list(failovers),
         flow=(
             min((r.started for r in runs), default=0.0),

@@ -16,6 +16,7 @@ from rich.table import Table
 from tests.chaos.faults import CLASSIC
 from tests.chaos.run import Report
 from tests.chaos.verdict import KILLED, OUTAGE, UNEXPLAINED, UNREPLICATED
+from tests.chaos.workers import WORKER
 
 
 def _dead_lettered(report: Report) -> str:
@@ -131,8 +132,14 @@ ROWS: list[tuple[str, Callable[[Report], object]]] = [
 ]  # fmt: skip
 
 
+def _title(title: str, reports: list[Report]) -> str:
+    """``title``, and the front door when the workers were not semel's own."""
+    fronts = sorted({r.front for r in reports} - {WORKER})
+    return f"{title} (front door: {', '.join(fronts)})" if fronts else title
+
+
 def render(reports: list[Report]) -> Table:
-    table = Table(title="semel chaos run", show_lines=False)
+    table = Table(title=_title("semel chaos run", reports), show_lines=False)
     table.add_column("figure")
     for report in reports:
         table.add_column(report.label, overflow="fold")
@@ -177,7 +184,7 @@ def render_faults(reports: list[Report]) -> Table:
     )
     caption = "\n".join([legend, *(f"{r.store} {r.fault}: {r.fault_detail}" for r in reports)])
     table = Table(
-        title="semel chaos run: store faults and rolling restarts",
+        title=_title("semel chaos run: store faults and rolling restarts", reports),
         caption=caption,
         caption_justify="left",
         show_lines=False,

@@ -8,7 +8,8 @@ run blackholes one worker's link to the store for more than two leases, and
 one restarts workers with plain ``def`` handlers as a rolling upgrade does.
 Against a Redis Cluster and a primary under Sentinel, with every write
 acknowledged by a replica, the store fault is a primary SIGKILLed mid-flow
-instead (no broker restart there).
+instead (no broker restart there). The Redis run is made once more with
+FastStream apps carrying semel's middleware as the workers.
 ``python -m tests.chaos`` is the full run, with every fault kind.
 """
 
@@ -27,6 +28,7 @@ from tests.chaos.run import ChaosConfig, Report, run_chaos
 from tests.chaos.table import evidence, tables
 from tests.chaos.transactional import TRANSACTIONAL
 from tests.chaos.verdict import UNEXPLAINED, UNREPLICATED
+from tests.chaos.workers import FASTSTREAM
 from tests.conftest import rabbitmq_lane
 
 pytestmark = [
@@ -45,6 +47,7 @@ pytestmark = [
 STORES = ["sqlite", "postgres", "redis", "dynamodb", TRANSACTIONAL]
 BLACKHOLE_STORE = "postgres"
 ROLLING_STORE = "postgres"
+FASTSTREAM_STORE = "redis"
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +105,42 @@ async def test_effectively_once_under_faults(
     assert (sent.total - sent.originals) / sent.total >= 0.3, table
     assert sent.concurrent_copies > 0, table
     assert sent.late_copies > 0, table
+
+
+@pytest.mark.timeout(120)
+async def test_faststream_apps_with_the_middleware_lose_and_repeat_nothing_under_faults(
+    private_broker: RabbitNode, tmp_path: Path
+) -> None:
+    # The workers are FastStream apps whose subscriber is the ledger handler,
+    # semel's middleware on their broker: the same kills, broker restart and
+    # store outage as the worker's reduced run, judged the same way.
+    config = ChaosConfig(
+        store=FASTSTREAM_STORE,
+        front=FASTSTREAM,
+        messages=300,
+        workers=2,
+        kills=2,
+        seed=7,
+        rate=40,
+        duplicates=0.35,
+        broker_down=2.0,
+        outage=4.0,
+        outage_when_running=3,
+        drain_deadline=60,
+        keep=tmp_path,
+    )
+    report = await run_chaos(config, private_broker)
+    table = show(report)
+    print(table)
+
+    assert report.drained, f"keys still unsettled after the drain deadline\n{table}"
+    assert report.verdict.lost == [], table
+    assert report.verdict.count(UNEXPLAINED) == 0, table
+    assert report.kills == config.kills, table
+    assert report.broker_restarts == 1, table
+    assert report.outages == 1, table
+    sent = report.sent
+    assert (sent.total - sent.originals) / sent.total >= 0.3, table
 
 
 @pytest.mark.timeout(120)

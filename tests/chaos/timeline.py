@@ -12,7 +12,7 @@ import asyncio
 import logging
 import random
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tests.chaos.faults import STALLED_SLOT
 from tests.chaos.rabbit import RabbitNode
@@ -46,16 +46,37 @@ class Timeline:
     async def _at(self, share: float) -> None:
         await asyncio.sleep(max(0.0, self.started + share * self.flow - time.monotonic()))
 
-    async def kills(self, pool: Pool) -> None:
+    async def kills(self, pool: Pool, flowing: asyncio.Future[Any] | None = None) -> None:
+        """``kills`` SIGKILLs spread over 10-85 % of the expected flow; with
+        ``kill_every``, one every that many seconds from 10 % of it until
+        ``flowing`` (the producer) is done, however long a fault held the flow up."""
+        every = self.config.kill_every
+        if every > 0 and flowing is not None:
+            await self._kill_every(pool, every, flowing)
+            return
         count = self.config.kills
         for n in range(count):
             await self._at(0.1 + 0.75 * n / max(1, count - 1))
-            # Two in three aim past the effect: those are the kills that can duplicate it.
-            kill = await pool.kill_mid_handler(self.rng, after_effect=n % 3 != 2)
-            if kill is None:
-                log.warning("kill %d: no handler in flight to cut short", n + 1)
-            else:
-                log.info("kill %d: pid %d, %d handlers in flight", n + 1, kill.pid, kill.in_flight)
+            await self._kill(pool, n)
+
+    async def _kill_every(self, pool: Pool, every: float, flowing: asyncio.Future[Any]) -> None:
+        await self._at(0.1)
+        n = 0
+        while not flowing.done():
+            began = time.monotonic()
+            # A kill that finds no handler within the period (the broker away) is skipped.
+            await self._kill(pool, n, deadline=every)
+            n += 1
+            wait = max(0.0, began + every - time.monotonic())
+            await asyncio.wait({flowing}, timeout=wait)
+
+    async def _kill(self, pool: Pool, n: int, deadline: float = 30.0) -> None:
+        # Two in three aim past the effect: those are the kills that can duplicate it.
+        kill = await pool.kill_mid_handler(self.rng, after_effect=n % 3 != 2, deadline=deadline)
+        if kill is None:
+            log.warning("kill %d: no handler in flight to cut short", n + 1)
+        else:
+            log.info("kill %d: pid %d, %d handlers in flight", n + 1, kill.pid, kill.in_flight)
 
     async def rolling(self, pool: Pool) -> None:
         """SIGTERMs mid-handler (rolling restarts), with the run's SIGKILLs between them."""

@@ -1,11 +1,13 @@
 """The consumer processes of a chaos run: started, killed or stopped mid-handler, restarted.
 
-Each worker is ``python -m semel`` in its own process group with JSON
-logs in a file of its own; the logs are evidence later (which delivery of
-which key settled how). A killed worker is restarted at once, like a
-supervisor would; one that exits by itself is restarted too and counted. A
-rolling restart SIGTERMs a worker mid-handler and starts it again once it
-has exited, as an orchestrator replacing a pod does.
+Each worker is ``python -m semel`` (or, with the FastStream front door, the
+app of :mod:`tests.chaos.faststream_app` on the same environment) in its own
+process group with JSON logs in a file of its own; the logs are evidence
+later (which delivery of which key settled how). A killed worker is
+restarted at once, like a supervisor would; one that exits by itself is
+restarted too and counted. A rolling restart SIGTERMs a worker mid-handler
+and starts it again once it has exited, as an orchestrator replacing a pod
+does.
 A worker slot may get environment variables of its own (its own route to the
 store, say). Workers run in the checkout this module is in, with it first on
 ``PYTHONPATH``, so they import its ``semel`` whatever else
@@ -31,6 +33,14 @@ from tests.chaos.ledger import connect, in_flight
 from tests.chaos.processes import on_exit
 from tests.servers import ROOT
 
+WORKER = "worker"
+FASTSTREAM = "faststream"
+# What a worker process runs, by front door: semel's own worker, or a FastStream
+# app with semel's middleware whose subscriber is the same ledger handler.
+FRONTS = {
+    WORKER: ("-m", "semel"),
+    FASTSTREAM: ("-m", "tests.chaos.faststream_app"),
+}
 STOP_WAIT = 20.0  # seconds a SIGTERMed worker gets before SIGKILL
 
 
@@ -65,8 +75,9 @@ class Exit:
 class Worker:
     """One slot: a consumer process, replaced whenever it dies."""
 
-    def __init__(self, slot: int, env: dict[str, str], logs: Path) -> None:
+    def __init__(self, slot: int, env: dict[str, str], logs: Path, front: str = WORKER) -> None:
         self.slot = slot
+        self.argv = [sys.executable, *FRONTS[front]]
         path = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
         self.env = env | {"PYTHONPATH": path}
         self.logs = logs
@@ -80,7 +91,7 @@ class Worker:
         log = self.logs / f"worker-{self.slot}.{self.generation}.log"
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "semel"],
+                self.argv,
                 env=self.env,
                 cwd=ROOT,
                 stdout=out,
@@ -119,11 +130,15 @@ class Pool:
         logs: Path,
         ledger: Path,
         own_env: Mapping[int, Mapping[str, str]] | None = None,
+        front: str = WORKER,
     ) -> None:
-        """``own_env``: slot -> variables that slot's worker gets on top of ``env``."""
+        """``own_env``: slot -> variables that slot's worker gets on top of ``env``;
+        ``front``: what each worker process runs (see :data:`FRONTS`)."""
         logs.mkdir(parents=True, exist_ok=True)
         own = own_env or {}
-        self.workers = [Worker(slot, env | dict(own.get(slot, {})), logs) for slot in range(count)]
+        self.workers = [
+            Worker(slot, env | dict(own.get(slot, {})), logs, front) for slot in range(count)
+        ]
         self.ledger = ledger
         # Made now: a kill may look for handlers in flight before any worker has
         # written its first row (a slow start under load), and a read-only open
