@@ -1,4 +1,6 @@
-"""``python -m bench``: measure semel against a bare aio-pika consumer; see bench/README.md."""
+"""``python -m bench``: measure semel against a bare aio-pika consumer (with ``--front
+faststream``, its FastStream middleware against a bare FastStream subscriber too); see
+bench/README.md."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from rich.console import Console
 
 from bench.backends import DYNAMODB_SERVERS, STORES
 from bench.broker import BenchError
+from bench.cases import FRONTS
 from bench.report import publish
 from bench.run import Plan, Runner
 
@@ -42,12 +45,28 @@ def parse(argv: list[str]) -> Plan:
         default="moto",
         help="the local DynamoDB-compatible server (moto)",
     )
+    parser.add_argument(
+        "--front",
+        choices=FRONTS,
+        action="append",
+        default=[],
+        help="also measure this front: faststream = a bare FastStream subscriber, and the "
+        "same with semel's middleware on each store",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="the FastStream front runs under cProfile, one .prof per drain in this folder "
+        "(python -m bench.profiles reads them); its figures are then not comparable",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/out"), help="output folder")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     messages = args.messages or int(sizes["messages"])
     if messages < 1 or (args.repeat is not None and args.repeat < 1):
         parser.error("--messages and --repeat must be positive")
+    if args.profile is not None and not args.front:
+        parser.error("--profile profiles the FastStream front: give --front faststream too")
     return Plan(
         messages=messages,
         repeat=args.repeat or int(sizes["repeat"]),
@@ -58,6 +77,8 @@ def parse(argv: list[str]) -> Plan:
         latency_rate=LATENCY_RATE,
         latency_seconds=float(sizes["latency_seconds"]),
         dynamodb_server=args.dynamodb_server,
+        fronts=tuple(dict.fromkeys(args.front)),
+        profile=args.profile,
     )
 
 

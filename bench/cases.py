@@ -1,8 +1,11 @@
 """The measurements: drain throughput, and a long run for memory and latency.
 
 A consumer kind is ``"baseline"`` (the bare aio-pika consumer) or a store
-name (semel with that store). Every case declares its own topology, runs its
-consumers as child processes and removes its queues and exchanges after.
+name (semel with that store). The front says what consumes: ``"worker"``
+(the aio-pika baseline, semel's worker) or ``"faststream"`` (a FastStream
+app: bare for the baseline kind, with semel's middleware on the store
+otherwise). Every case declares its own topology, runs its consumers as child
+processes and removes its queues and exchanges after.
 """
 
 from __future__ import annotations
@@ -14,11 +17,14 @@ from pathlib import Path
 
 from bench.backends import Backends
 from bench.broker import Batch, BenchError, Broker
-from bench.children import Child, Group, start_baseline, start_semel
+from bench.children import Child, Group, start_baseline, start_faststream, start_semel
 from bench.probes import percentiles, read_probes, settled_durations
 from semel.settings import LogLevel, Settings
 
 BASELINE = "baseline"
+WORKER = "worker"  # semel's own worker, or the bare aio-pika consumer
+FASTSTREAM = "faststream"  # a FastStream subscriber, bare or with semel's middleware
+FRONTS = (FASTSTREAM,)  # the fronts measured on request, beside the worker
 LATENCY_TAG = "lat"
 
 
@@ -70,10 +76,13 @@ class LongRun:
 class Cases:
     """Runs cases against one broker connection and one run's backends."""
 
-    def __init__(self, broker: Broker, backends: Backends, logs: Path) -> None:
+    def __init__(
+        self, broker: Broker, backends: Backends, logs: Path, profile: Path | None = None
+    ) -> None:
         self._broker = broker
         self._backends = backends
         self._logs = logs
+        self._profile = profile  # the FastStream front's cProfile statistics go there
 
     @contextlib.asynccontextmanager
     async def _topology(self, kind: str, case: str) -> AsyncIterator[Settings]:
@@ -87,28 +96,47 @@ class Cases:
         finally:
             await self._broker.delete(settings)
 
-    def _start(self, kind: str, name: str, settings: Settings, probes: Path | None = None) -> Child:
+    def _start(
+        self,
+        kind: str,
+        name: str,
+        settings: Settings,
+        probes: Path | None = None,
+        front: str = WORKER,
+    ) -> Child:
+        if front == FASTSTREAM:
+            return start_faststream(
+                name, settings, self._logs, middleware=kind != BASELINE, profile=self._profile
+            )
         if kind == BASELINE:
             return start_baseline(name, settings, self._logs, probes)
         return start_semel(name, settings, self._logs, probes)
 
-    async def throughput(self, kind: str, messages: int, processes: int = 1) -> Drains:
+    async def throughput(
+        self, kind: str, messages: int, processes: int = 1, front: str = WORKER
+    ) -> Drains:
         """Drain ``messages`` unique keys; for semel, drain the same keys again."""
-        case = f"{kind}-x{processes}"
+        case = f"{kind}-x{processes}" if front == WORKER else f"{front}-{kind}"
         async with self._topology(kind, case) as settings:
             batch = Batch("k", messages)
             await self._broker.publish(settings.exchange, batch)
-            unique = await self._drain(kind, settings, batch, processes)
+            unique = await self._drain(kind, settings, batch, processes, front, "unique")
             if kind == BASELINE or processes > 1:
                 return Drains(unique, None)
             # Every key is completed now: the second drain is duplicates only.
             await self._broker.publish(settings.exchange, batch)
-            return Drains(unique, await self._drain(kind, settings, batch, processes))
+            again = await self._drain(kind, settings, batch, processes, front, "duplicates")
+            return Drains(unique, again)
 
-    async def _drain(self, kind: str, settings: Settings, batch: Batch, processes: int) -> Rate:
+    async def _drain(
+        self, kind: str, settings: Settings, batch: Batch, processes: int, front: str, keys: str
+    ) -> Rate:
         # Started only now, on a full queue: process start-up and topology are not timed.
         group = Group(
-            [self._start(kind, f"{settings.queue}.{n}", settings) for n in range(processes)]
+            [
+                self._start(kind, f"{settings.queue}.{keys}.{n}", settings, front=front)
+                for n in range(processes)
+            ]
         )
         try:
             drain = await self._broker.time_drain(settings.queue, batch.count, group)

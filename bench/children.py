@@ -1,4 +1,5 @@
-"""The consumers under test, each a child process: the bare baseline and semel.
+"""The consumers under test, each a child process: the bare baseline, semel's worker,
+and a FastStream app with or without semel's middleware.
 
 A child's output goes to a log file under the output folder (semel's JSON
 log, which the latency phase reads); the log is removed once the case that
@@ -23,6 +24,9 @@ from semel.settings import Settings
 ROOT = Path(__file__).resolve().parent.parent
 AMQP_PORT = 5672
 STOP_WAIT = 30.0  # seconds a child gets to stop after SIGTERM
+MIDDLEWARE_ENV = "BENCH_MIDDLEWARE"  # the FastStream app's middleware, if any
+SEMEL_MIDDLEWARE = "semel"
+PROFILE_ENV = "BENCH_PROFILE"  # where the FastStream app writes its cProfile statistics
 
 
 def semel_env(settings: Settings) -> dict[str, str]:
@@ -98,16 +102,35 @@ def start_semel(name: str, settings: Settings, logs: Path, probes: Path | None =
     return Child.start(name, [sys.executable, "-m", "semel"], env, logs)
 
 
-def start_baseline(name: str, settings: Settings, logs: Path, probes: Path | None = None) -> Child:
+def bare_env(settings: Settings) -> dict[str, str]:
+    """What a consumer that is not semel's worker is told: the broker, queue and prefetch."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SEMEL_")}
-    env |= {
+    return env | {
         "BENCH_AMQP_URL": settings.amqp_url,
         "BENCH_QUEUE": settings.queue,
         "BENCH_PREFETCH": str(settings.prefetch),
     }
+
+
+def start_baseline(name: str, settings: Settings, logs: Path, probes: Path | None = None) -> Child:
+    env = bare_env(settings)
     if probes is not None:
         env[PROBE_FILE_ENV] = str(probes)
     return Child.start(name, [sys.executable, "-m", "bench.baseline"], env, logs)
+
+
+def start_faststream(
+    name: str, settings: Settings, logs: Path, *, middleware: bool, profile: Path | None = None
+) -> Child:
+    """The FastStream app; with ``middleware``, semel's on ``settings`` (store, key prefix).
+    With ``profile`` (a folder), it profiles itself into ``<profile>/<name>.prof``."""
+    env = bare_env(settings)
+    if middleware:
+        env |= settings.as_env() | {MIDDLEWARE_ENV: SEMEL_MIDDLEWARE}
+    if profile is not None:
+        profile.mkdir(parents=True, exist_ok=True)
+        env[PROFILE_ENV] = str(profile / f"{name}.prof")
+    return Child.start(name, [sys.executable, "-m", "bench.faststream_app"], env, logs)
 
 
 def _last_sends() -> dict[int, float]:

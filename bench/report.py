@@ -26,6 +26,11 @@ P99_TARGETS_MS = {"redis": 5.0, "postgres": 10.0}  # delivery to ACK at light lo
 # Messages/s as a ratio to semel on one Redis server in the same run, per (store, keys).
 REDIS_RATIO_TARGETS = {("redis-cluster", "unique"): 0.8, ("redis-cluster", "duplicates"): 0.8}
 REDIS = "redis"  # the store the Redis Cluster cases are compared with
+# The FastStream front: a bare subscriber, and the same one behind semel's middleware.
+FASTSTREAM_BARE = "faststream"
+FASTSTREAM_SEMEL = "faststream+semel"
+# The middleware's messages/s over the bare FastStream subscriber's, per (store, keys).
+FASTSTREAM_TARGETS = {("redis", "unique"): 0.7, ("redis", "duplicates"): 0.7}
 RSS_GROWTH_LIMIT = 0.10  # between the two equal batches of the long run
 POWERTOOLS_TARGET = 3.0  # semel's DynamoDB messages/s over Powertools' calls/s
 
@@ -35,7 +40,7 @@ class CaseResult:
     """Drain throughput of one case over the repeats."""
 
     case: str
-    consumer: str  # "baseline" or "semel"
+    consumer: str  # "baseline", "semel", "faststream" or "faststream+semel"
     store: str | None
     keys: str  # "unique" or "duplicates"
     processes: int
@@ -49,6 +54,11 @@ class CaseResult:
     # Redis Cluster cases: over semel on one Redis server (same keys and processes).
     ratio_to_redis: float | None = None
     redis_target: float | None = None
+    # The middleware's cases: over the bare FastStream subscriber, with its target,
+    # and over semel's worker on the same store and keys.
+    ratio_to_faststream: float | None = None
+    faststream_target: float | None = None
+    ratio_to_worker: float | None = None
 
     def __post_init__(self) -> None:
         self.messages_per_s = statistics.median(self.rates)
@@ -63,6 +73,12 @@ class CaseResult:
         if self.redis_target is None or self.ratio_to_redis is None:
             return None
         return self.ratio_to_redis >= self.redis_target
+
+    @property
+    def met_vs_faststream(self) -> bool | None:
+        if self.faststream_target is None or self.ratio_to_faststream is None:
+            return None
+        return self.ratio_to_faststream >= self.faststream_target
 
 
 @dataclass
@@ -83,11 +99,13 @@ class Results:
             same = [
                 c.messages_per_s
                 for c in self.cases
-                if c.store == REDIS and (c.keys, c.processes) == (case.keys, case.processes)
+                if (c.consumer, c.store, c.keys, c.processes)
+                == (case.consumer, REDIS, case.keys, case.processes)
             ]
             if same:
                 case.ratio_to_redis = case.messages_per_s / same[0]
                 case.redis_target = REDIS_RATIO_TARGETS.get((case.store, case.keys))
+        self._faststream_ratios()
         for kind, run in self.long_runs.items():
             run["rss_growth"] = run["rss_second_mb"] / run["rss_first_mb"] - 1
             run["rss_flat"] = run["rss_growth"] <= RSS_GROWTH_LIMIT
@@ -97,7 +115,9 @@ class Results:
             run["p99_met"] = None if target is None or not to_ack else to_ack["p99_ms"] < target
         if self.powertools is not None:
             semel = next(
-                c.messages_per_s for c in self.cases if c.store == "dynamodb" and c.keys == "unique"
+                c.messages_per_s
+                for c in self.cases
+                if (c.consumer, c.store, c.keys) == ("semel", "dynamodb", "unique")
             )
             pt = self.powertools
             pt["semel_messages_per_s"] = semel
@@ -118,8 +138,33 @@ class Results:
                     if key.startswith(prefix)
                 }
 
+    def _faststream_ratios(self) -> None:
+        """The middleware over the bare FastStream subscriber and over semel's worker."""
+        bare = [c.messages_per_s for c in self.cases if c.consumer == FASTSTREAM_BARE]
+        for case in self.cases:
+            if case.consumer != FASTSTREAM_SEMEL:
+                continue
+            if bare:
+                case.ratio_to_faststream = case.messages_per_s / bare[0]
+            worker = [
+                c.messages_per_s
+                for c in self.cases
+                if (c.consumer, c.store, c.keys, c.processes)
+                == ("semel", case.store, case.keys, case.processes)
+            ]
+            if worker:
+                case.ratio_to_worker = case.messages_per_s / worker[0]
+
     def as_json(self) -> bytes:
-        cases = [asdict(c) | {"met": c.met, "met_vs_redis": c.met_vs_redis} for c in self.cases]
+        cases = [
+            asdict(c)
+            | {
+                "met": c.met,
+                "met_vs_redis": c.met_vs_redis,
+                "met_vs_faststream": c.met_vs_faststream,
+            }
+            for c in self.cases
+        ]
         data: dict[str, Any] = {"meta": self.meta, "cases": cases, "long_runs": self.long_runs}
         data["powertools"] = self.powertools
         return orjson.dumps(data, option=orjson.OPT_INDENT_2)
@@ -164,7 +209,9 @@ def table(results: Results) -> Table:
     grid.add_column("RSS MB, batch 1 → 2", justify="right")
     for case in results.cases:
         kind = case.store or "baseline"
-        first_row = case.keys == "unique" and case.processes == 1
+        # The long runs are the aio-pika baseline's and the worker's only.
+        first_row = case.consumer in ("baseline", "semel")
+        first_row = first_row and case.keys == "unique" and case.processes == 1
         run = results.long_runs.get(kind) if first_row else None
         p99 = "" if run is None else _verdict(run.get("p99_met"))
         grid.add_row(
@@ -202,8 +249,45 @@ def table(results: Results) -> Table:
     return grid
 
 
+def faststream_table(results: Results) -> Table | None:
+    """The FastStream front's ratios, and what each consumer ran at once; ``None`` if
+    the run did not measure it."""
+    cases = [c for c in results.cases if c.consumer in (FASTSTREAM_BARE, FASTSTREAM_SEMEL)]
+    if not cases:
+        return None
+    grid = Table(
+        title="FastStream front (median of repeats)",
+        caption="\n".join(
+            f"{name}: {said}" for name, said in results.meta.get("concurrency", {}).items()
+        ),
+        caption_justify="left",
+    )
+    grid.add_column("case", no_wrap=True)
+    for column in ("msg/s", "÷ bare FastStream", "target", "÷ semel worker", "÷ aio-pika"):
+        grid.add_column(column, justify="right", no_wrap=True)
+    grid.add_column("CPU µs/msg", justify="right", no_wrap=True)
+    for case in cases:
+        over_bare = "1.00" if case.consumer == FASTSTREAM_BARE else "-"
+        if case.ratio_to_faststream is not None:
+            over_bare = f"{case.ratio_to_faststream:.2f}"
+        target = ""
+        if case.faststream_target is not None:
+            target = f"≥ {case.faststream_target:g}{_verdict(case.met_vs_faststream)}"
+        grid.add_row(
+            case.case,
+            f"{case.messages_per_s:,.0f}",
+            over_bare,
+            target,
+            "-" if case.ratio_to_worker is None else f"{case.ratio_to_worker:.2f}",
+            "-" if case.ratio is None else f"{case.ratio:.2f}",
+            f"{case.cpu_us:,.0f}",
+        )
+    return grid
+
+
 def chart(results: Results, path: Path) -> None:
-    """Bars of each semel case's ratio, with its target as a line across the bar."""
+    """Bars of each semel case's ratio, with its target as a line across the bar; the
+    FastStream middleware's over the bare subscriber, when measured."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -211,7 +295,8 @@ def chart(results: Results, path: Path) -> None:
 
     cases = [c for c in results.cases if c.consumer == "semel"]
     pt = results.powertools
-    widths = [max(len(cases), 1), 1] if pt else [1]
+    front = [c for c in results.cases if c.ratio_to_faststream is not None]
+    widths = [max(len(cases), 1)] + ([1] if pt else []) + ([len(front)] if front else [])
     fig, axes = plt.subplots(
         1,
         len(widths),
@@ -238,6 +323,20 @@ def chart(results: Results, path: Path) -> None:
         right.set_xticks([0], ["dynamodb"])
         right.set_ylabel("semel msg/s ÷ Powertools calls/s")
         right.set_title("vs Powertools")
+    if front:
+        last = axes[0][-1]
+        bars = last.bar(
+            range(len(front)), [c.ratio_to_faststream or 0 for c in front], color="#8172b2"
+        )
+        last.bar_label(bars, fmt="%.2f", padding=2)
+        for x, case in enumerate(front):
+            if case.faststream_target is not None:
+                last.hlines(case.faststream_target, x - 0.45, x + 0.45, colors="#c44e52", lw=2.5)
+        last.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+        labels = [c.case.removeprefix("faststream+semel-") for c in front]
+        last.set_xticks(range(len(front)), labels, rotation=30, ha="right")
+        last.set_ylabel("messages/s ÷ bare FastStream subscriber")
+        last.set_title("middleware ÷ bare FastStream")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -247,6 +346,9 @@ def publish(results: Results, out: Path, console: Console) -> None:
     """Print the table, write results.json and chart.png into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     console.print(table(results))
+    front = faststream_table(results)
+    if front is not None:
+        console.print(front)
     (out / "results.json").write_bytes(results.as_json())
     chart(results, out / "chart.png")
     console.print(f"wrote {out / 'results.json'} and {out / 'chart.png'}")

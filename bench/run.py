@@ -21,9 +21,16 @@ from rich.console import Console
 
 from bench.backends import PREFETCH, Backends
 from bench.broker import BenchError, Broker
-from bench.cases import BASELINE, Cases, Rate
+from bench.cases import BASELINE, FASTSTREAM, WORKER, Cases, Drains, Rate
 from bench.children import ROOT
-from bench.report import RATIO_TARGETS, CaseResult, Results
+from bench.report import (
+    FASTSTREAM_BARE,
+    FASTSTREAM_SEMEL,
+    FASTSTREAM_TARGETS,
+    RATIO_TARGETS,
+    CaseResult,
+    Results,
+)
 from bench.store_only import store_run
 
 # The local DynamoDB-compatible servers answer tens to hundreds of requests a
@@ -47,6 +54,8 @@ class Plan:
     latency_rate: float
     latency_seconds: float
     dynamodb_server: str = "moto"
+    fronts: tuple[str, ...] = ()  # besides the worker: "faststream"
+    profile: Path | None = None  # the FastStream front's cProfile statistics, one file a drain
 
     def messages_for(self, kind: str) -> int:
         if kind == "dynamodb":
@@ -70,7 +79,8 @@ class Runner:
     def __init__(self, plan: Plan, console: Console) -> None:
         self.plan = plan
         self.console = console
-        self.rates: dict[tuple[str, str, int], list[Rate]] = defaultdict(list)
+        # (front, kind, keys, processes) -> one Rate per repeat
+        self.rates: dict[tuple[str, str, str, int], list[Rate]] = defaultdict(list)
         self.powertools: dict[str, list[float]] = defaultdict(list)
         self.run_id = ""
 
@@ -79,22 +89,28 @@ class Runner:
 
     async def repeat(self, cases: Cases, backends: Backends, index: int) -> None:
         plan = self.plan
-        kinds = [BASELINE, *plan.stores]
-        for kind in kinds:
-            drains = await cases.throughput(kind, plan.messages_for(kind))
-            self.rates[(kind, "unique", 1)].append(drains.unique)
-            line = f"[{index + 1}/{plan.repeat}] {kind}: {drains.unique.per_second:,.0f} msg/s"
-            if drains.duplicates is not None:
-                self.rates[(kind, "duplicates", 1)].append(drains.duplicates)
-                line += f", duplicates {drains.duplicates.per_second:,.0f} msg/s"
-            self.note(line)
+        # Each kind's fronts back to back, so that the ratios between them (the
+        # middleware over bare FastStream and over the worker) divide neighbouring drains.
+        for kind in [BASELINE, *plan.stores]:
+            for front in (WORKER, *plan.fronts):
+                drains = await cases.throughput(kind, plan.messages_for(kind), front=front)
+                self.keep(index, front, kind, drains)
         store = plan.two_process_store
         drains = await cases.throughput(store, plan.messages_for(store), processes=2)
-        self.rates[(store, "unique", 2)].append(drains.unique)
+        self.rates[(WORKER, store, "unique", 2)].append(drains.unique)
         rate = drains.unique.per_second
         self.note(f"[{index + 1}/{plan.repeat}] {store} x2: {rate:,.0f} msg/s")
         if backends.dynamodb_url is not None:
             await self.dynamodb_comparison(backends, index)
+
+    def keep(self, index: int, front: str, kind: str, drains: Drains) -> None:
+        self.rates[(front, kind, "unique", 1)].append(drains.unique)
+        name = kind if front == WORKER else f"{front} {kind}"
+        line = f"[{index + 1}/{self.plan.repeat}] {name}: {drains.unique.per_second:,.0f} msg/s"
+        if drains.duplicates is not None:
+            self.rates[(front, kind, "duplicates", 1)].append(drains.duplicates)
+            line += f", duplicates {drains.duplicates.per_second:,.0f} msg/s"
+        self.note(line)
 
     async def dynamodb_comparison(self, backends: Backends, index: int) -> None:
         """Powertools' calls/s, and semel's store alone at 1 and a full window in flight."""
@@ -121,7 +137,7 @@ class Runner:
             self.run_id = backends.run_id
             broker = await Broker.open()
             try:
-                cases = Cases(broker, backends, plan.out / "logs")
+                cases = Cases(broker, backends, plan.out / "logs", plan.profile)
                 for index in range(plan.repeat):
                     await self.repeat(cases, backends, index)
                 long_runs = {}
@@ -146,20 +162,26 @@ class Runner:
 
     def case_results(self) -> list[CaseResult]:
         results = []
-        for (kind, keys, processes), drains in self.rates.items():
-            if kind == BASELINE:
+        for (front, kind, keys, processes), drains in self.rates.items():
+            target = None
+            if front == FASTSTREAM and kind == BASELINE:
+                name, consumer, store = "faststream (bare)", FASTSTREAM_BARE, None
+            elif front == FASTSTREAM:
+                name, consumer, store = f"faststream+semel-{kind}-{keys}", FASTSTREAM_SEMEL, kind
+            elif kind == BASELINE:
                 name, consumer, store = "baseline (bare aio-pika)", BASELINE, None
             else:
                 name, consumer, store = f"semel-{kind}-{keys}", "semel", kind
                 if processes > 1:
                     name = f"semel-{kind}-{keys}-{processes}procs"
-            target = RATIO_TARGETS.get((kind, keys)) if processes == 1 else None
+                target = RATIO_TARGETS.get((kind, keys)) if processes == 1 else None
             messages = self.plan.messages_for(kind)
             rates = [drain.per_second for drain in drains]
             cpu = [drain.cpu_us for drain in drains]
-            results.append(
-                CaseResult(name, consumer, store, keys, processes, messages, rates, cpu, target)
-            )
+            case = CaseResult(name, consumer, store, keys, processes, messages, rates, cpu, target)
+            if consumer == FASTSTREAM_SEMEL:
+                case.faststream_target = FASTSTREAM_TARGETS.get((kind, keys))
+            results.append(case)
         return results
 
     def meta(self, seconds: float) -> dict[str, object]:
@@ -171,6 +193,8 @@ class Runner:
             "quick": plan.quick,
             "stores": plan.stores,
             "prefetch": PREFETCH,
+            "fronts": [WORKER, *plan.fronts],
+            "concurrency": concurrency(plan.fronts),
             "queue_type": "quorum",
             "rss_messages": plan.rss_messages,
             "latency_rate": plan.latency_rate,
@@ -182,6 +206,24 @@ class Runner:
             "platform": platform.platform(),
             "seconds": round(seconds, 1),
         }
+
+
+def concurrency(fronts: tuple[str, ...]) -> dict[str, str]:
+    """How many deliveries each consumer runs at once, as the table's footnote says."""
+    said = {
+        "baseline (bare aio-pika)": f"QoS prefetch {PREFETCH}: aiormq runs each delivery's "
+        f"callback in a task of its own, up to {PREFETCH} at once",
+        "semel": f"SEMEL_PREFETCH={PREFETCH}: up to {PREFETCH} deliveries in the pipeline at "
+        "once, their claims and completions batched to the store",
+    }
+    if FASTSTREAM in fronts:
+        said["faststream"] = (
+            f"Channel(prefetch_count={PREFETCH}); FastStream 0.7's RabbitMQ subscriber has no "
+            f"max_workers: aiormq runs each delivery in a task of its own, up to {PREFETCH} "
+            "at once (no prefetch_count would mean no limit); the middleware's claims and "
+            "completions are batched to the store like the worker's"
+        )
+    return said
 
 
 async def powertools_rate(backends: Backends, calls: int, tag: str) -> float:

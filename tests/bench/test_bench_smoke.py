@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from bench.powertools import measure
+from bench.profiles import summarise
 from tests.servers import ROOT
 
 pytestmark = pytest.mark.slow
@@ -71,6 +72,59 @@ def test_quick_run_measures_every_case(
         assert run["delivery_to_ack"]["p99_ms"] > 0
     assert (out / "chart.png").stat().st_size > 0
     assert "semel-redis-unique" in done.stdout  # the table was printed
+    assert leftover_queues(results["meta"]["run_id"]) == []
+
+
+FASTSTREAM_CASES = {
+    "baseline (bare aio-pika)",
+    "faststream (bare)",
+    "semel-redis-unique",
+    "semel-redis-duplicates",
+    "faststream+semel-redis-unique",
+    "faststream+semel-redis-duplicates",
+    "semel-redis-unique-2procs",
+}
+
+
+@pytest.mark.timeout(240)
+def test_the_faststream_front_is_measured_beside_the_worker(
+    tmp_path: Path, rabbitmq_server: str, redis_server: str
+) -> None:
+    out, profiles = tmp_path / "out", tmp_path / "profiles"
+    argv = [sys.executable, "-m", "bench", "--quick", "--stores", "redis", "--front", "faststream"]
+    argv += ["--messages", "300", "--rss-messages", "200", "--profile", str(profiles)]
+    done = subprocess.run(
+        [*argv, "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=230
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+
+    results: dict[str, Any] = orjson.loads((out / "results.json").read_bytes())
+    cases = {case["case"]: case for case in results["cases"]}
+    assert set(cases) == FASTSTREAM_CASES
+    for name, case in cases.items():
+        assert case["messages_per_s"] > 0, name
+        assert case["cpu_us"] > 0, name
+    for keys in ("unique", "duplicates"):
+        middleware = cases[f"faststream+semel-redis-{keys}"]
+        assert middleware["consumer"] == "faststream+semel"
+        assert middleware["ratio"] > 0  # over the aio-pika baseline, as every case
+        assert middleware["ratio_to_faststream"] > 0
+        assert middleware["ratio_to_worker"] > 0
+        assert middleware["faststream_target"] == 0.7
+    assert cases["faststream (bare)"]["ratio_to_faststream"] is None
+    assert cases["semel-redis-unique"]["ratio_to_worker"] is None
+    # The long runs stay the aio-pika baseline's and the worker's.
+    assert set(results["long_runs"]) == {"baseline", "redis"}
+    assert set(results["meta"]["concurrency"]) == {
+        "baseline (bare aio-pika)",
+        "semel",
+        "faststream",
+    }
+    assert "FastStream front" in done.stdout
+    # One profile per FastStream drain: bare, then the middleware's two.
+    assert len(list(profiles.glob("*.prof"))) == 3
+    [middleware_unique] = profiles.glob("*faststream-redis.unique*.prof")
+    assert "semel.consumer.embedded" in summarise(middleware_unique, messages=300, top=40)
     assert leftover_queues(results["meta"]["run_id"]) == []
 
 

@@ -82,9 +82,10 @@ class SemelMiddleware(BaseMiddleware):
             )
         self._door = door = await self._semel.door(queue)
         replies: list[Any] = []
+        repository = self.context  # not self: a cycle would leave every delivery to the gc
 
         async def run(context: Context) -> Any:
-            with self.context.scope(CONTEXT_NAME, context):
+            with repository.scope(CONTEXT_NAME, context):
                 result = await call_next(msg)
             replies.append(result)
             return result
@@ -112,10 +113,14 @@ class SemelMiddleware(BaseMiddleware):
         exc_val: BaseException | None = None,
         exc_tb: TracebackType | None = None,
     ) -> bool | None:
-        if self._door is None or self._passage is None:
+        door, passage, raw = self._door, self._passage, self._raw
+        # Let go of the delivery's objects now rather than when the middleware
+        # goes: an exception's traceback may hold this frame for a while.
+        self._door = self._passage = self._raw = None
+        if door is None or passage is None:
             return False
         ok = exc_val is None or isinstance(exc_val, Settled)
-        await self._door.finish(self._raw, self._passage, ack=ok)
+        await door.finish(raw, passage, ack=ok)
         return isinstance(exc_val, Settled) or None
 
 

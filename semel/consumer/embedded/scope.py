@@ -152,4 +152,5 @@ class Scope:
         # (aiormq's, when the channel closes) must not cut the completion's
         # write short; the delivery's settling goes on in semel's task.
         self._run.decision = await asyncio.shield(task)
+        self._task = None  # its coroutine holds the bridge, which holds this scope
         return exc is None or isinstance(exc, Exception)
