@@ -94,7 +94,16 @@ async def ledger_of(settings: Settings) -> list[Entry]:
         await ledger.close()
 
 
+async def made_ledger(settings: Settings) -> None:
+    """The ledger made before the callers start: PostgreSQL's CREATE TABLE IF NOT
+    EXISTS is not safe to race (two creators can both miss the table, and one
+    fails on pg_type's unique index; seen once in CI)."""
+    ledger = await open_ledger(settings)
+    await ledger.close()
+
+
 async def run_together(settings: Settings, key: str, mode: str) -> list[dict[str, int]]:
+    await made_ledger(settings)
     async with callers() as started:
         for _ in range(CALLERS):
             started.append(await Caller.start(settings, key, mode))
@@ -136,6 +145,7 @@ async def test_a_caller_killed_mid_call_is_taken_over_under_a_higher_fence(
     settings = make_settings(lock_ttl=KILL_LEASE)
     key = f"o-{uuid.uuid4().hex[:6]}"
     async with callers() as started:
+        await made_ledger(settings)
         doomed = await Caller.start(settings, key, "hang")
         heir = await Caller.start(settings, key, "run")
         started += [doomed, heir]
