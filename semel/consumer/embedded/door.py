@@ -16,7 +16,7 @@ import asyncio
 import contextvars
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from semel.consumer.broker.delays import DelayReturns
@@ -44,7 +44,7 @@ class Passage:
     context: Context | None = None  # set when the code is about to run
     claim: Claim | None = None  # the store's answer, the stored result of a duplicate
     pending_ack: Settle | None = None  # the ACK :meth:`Door.finish` sends
-    decision: Settle | None = field(default=None)
+    decision: Settle | None = None
 
 
 _PASSAGE: contextvars.ContextVar[Passage] = contextvars.ContextVar("semel_passage")
@@ -116,10 +116,6 @@ class Door:
         self._settler = settler
         self._delays = delays
         self._tasks: set[asyncio.Task[Settle]] = set()
-
-    @property
-    def queue(self) -> str:
-        return self.pipeline.config.queue
 
     def start(self, message: Incoming, passage: Passage) -> asyncio.Task[Settle]:
         """Process and settle ``message`` in a task of semel's own (an ACK left to

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from semel.consumer.delivery.decide import Ack, Settle
+from semel.consumer.delivery.decide import Settle
 from semel.consumer.delivery.handler import Context
 from semel.consumer.delivery.message import Incoming
 from semel.consumer.embedded.door import Door, Doors, Passage
@@ -63,10 +63,6 @@ class Run:
         """What was done with the delivery (``completed``, ``duplicate``, ``retry``...),
         once the block has ended."""
         return None if self.decision is None else self.decision.outcome.value
-
-    @property
-    def acked(self) -> bool:
-        return isinstance(self.decision, Ack)
 
     def _context(self) -> Context:
         if self.context is None:
