@@ -13,6 +13,7 @@ too. The pipeline decides the order; this module only carries out each step.
 from __future__ import annotations
 
 import asyncio
+from typing import Self
 
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractExchange
@@ -52,7 +53,7 @@ class Settler:
         self._names = names
 
     @classmethod
-    async def open(cls, publisher: AbstractChannel, names: Topology) -> Settler:
+    async def open(cls, publisher: AbstractChannel, names: Topology) -> Self:
         """``publisher`` must have publisher confirms on (aio-pika's default)."""
         retry = await publisher.get_exchange(names.retry_exchange, ensure=False)
         dead = await publisher.get_exchange(names.dead_letter_exchange, ensure=False)

@@ -157,12 +157,7 @@ class Semel:
 
         await through_drops(declared, connection, give_up)
         publishing = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        names = Topology(queue)
-        settler = DeferringSettler(
-            await publishing.get_exchange(names.retry_exchange, ensure=False),
-            await publishing.get_exchange(names.dead_letter_exchange, ensure=False),
-            names,
-        )
+        settler = await DeferringSettler.open(publishing, Topology(queue))
         routes = Routes.single(
             through, message_rules(settings), retry_policy(settings), settings.handler_timeout
         )
