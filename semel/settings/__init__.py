@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from semel.settings.model import PREFIX, LogFormat, LogLevel, QueueType, Settings, StoreKind
+from semel.settings.model import (
+    PREFIX,
+    LogFormat,
+    LogLevel,
+    OutboxOrdering,
+    QueueType,
+    Settings,
+    StoreKind,
+)
 from semel.settings.redact import redact
 
 __all__ = [
@@ -12,6 +20,7 @@ __all__ = [
     "ConfigError",
     "LogFormat",
     "LogLevel",
+    "OutboxOrdering",
     "QueueType",
     "Settings",
     "StoreKind",

@@ -40,7 +40,21 @@ MEANINGS: dict[str, str] = {
         "PostgreSQL only: run the handler, its completion and its outgoing messages in one "
         "transaction (see [Transactional mode](transactional.md))"
     ),
-    "outbox_table": ("the transactional mode's outbox table"),
+    "outbox_table": (
+        "the outbox table: transactional handlers and any application transaction stage "
+        "messages in it (see [The outbox](outbox.md))"
+    ),
+    "outbox_relay": (
+        "run the outbox relay in `semel consume` too (always on in transactional mode)"
+    ),
+    "outbox_listen": (
+        "relays wake on PostgreSQL `LISTEN/NOTIFY` after each commit; off: sweep only"
+    ),
+    "outbox_ordering": (
+        "`oldest-first` (per batch; per key while one relay runs) or `per-key` (a key's next "
+        "message waits until its previous one is confirmed, across relays)"
+    ),
+    "outbox_stale_after": ("seconds: unsent outbox messages older than this show in `/readyz`"),
     "dynamodb_table": ("the DynamoDB store's table"),
     "dynamodb_endpoint_url": ("e.g. a local DynamoDB; `AWS_ENDPOINT_URL_DYNAMODB` also honoured"),
     "dynamodb_region": ("falls back to `AWS_REGION` / `AWS_DEFAULT_REGION`"),

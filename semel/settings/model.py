@@ -121,6 +121,13 @@ def _check_redis_url(value: str) -> str:
 Seconds = Annotated[float, Field(gt=0)]
 
 
+class OutboxOrdering(StrEnum):
+    """The order the outbox relay publishes in (``SEMEL_OUTBOX_ORDERING``)."""
+
+    OLDEST_FIRST = "oldest-first"  # per batch; per key while one relay runs
+    PER_KEY = "per-key"  # per key across relays: a key's next message waits for its last
+
+
 class Settings(BaseSettings):
     """semel's whole configuration, read from the environment."""
 
@@ -150,6 +157,13 @@ class Settings(BaseSettings):
     # Handlers write to PostgreSQL in the transaction that completes their key.
     transactional: bool = False
     outbox_table: str = Field("semel_outbox", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+    # The relay in `semel consume` (always on in transactional mode).
+    outbox_relay: bool = False
+    # Relays wake on PostgreSQL's NOTIFY after each commit, not only on their sweep.
+    outbox_listen: bool = True
+    outbox_ordering: OutboxOrdering = OutboxOrdering.OLDEST_FIRST
+    # Unsent messages older than this show in /readyz and the logs.
+    outbox_stale_after: Seconds = 60.0
     dynamodb_table: str = Field("semel_keys", pattern=r"^[A-Za-z0-9_.-]{3,255}$")
     dynamodb_endpoint_url: str | None = Field(
         None,
