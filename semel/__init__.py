@@ -7,7 +7,8 @@ The packages live under this one name so that a service's own top-level
 
 For code that consumes or calls on its own (a FastStream app, an aio-pika
 callback, a web endpoint), ``from semel import Semel``: the engine those front
-doors share (see ``semel.consumer.embedded``). The names below are imported on
+doors share (see ``semel.consumer.embedded``); to produce, ``Publisher`` (or
+``SyncPublisher``) publishes the way semel's consumer reads. The names below are imported on
 first use, so ``import semel`` stays cheap for a worker or a command.
 """
 
@@ -19,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from semel.consumer import Context, PermanentError
     from semel.consumer.embedded import Semel, current
+    from semel.consumer.embedded.publishing import Publisher, SyncPublisher
+    from semel.consumer.producer import Answer, Message, Receipt, Retry
     from semel.settings import Settings
 
 _PUBLIC = {
@@ -27,9 +30,27 @@ _PUBLIC = {
     "Context": "semel.consumer",
     "PermanentError": "semel.consumer",
     "Settings": "semel.settings",
+    "Publisher": "semel.consumer.embedded.publishing",
+    "SyncPublisher": "semel.consumer.embedded.publishing",
+    "Answer": "semel.consumer.producer",
+    "Message": "semel.consumer.producer",
+    "Receipt": "semel.consumer.producer",
+    "Retry": "semel.consumer.producer",
 }
 
-__all__ = ["Context", "PermanentError", "Semel", "Settings", "current"]
+__all__ = [
+    "Answer",
+    "Context",
+    "Message",
+    "PermanentError",
+    "Publisher",
+    "Receipt",
+    "Retry",
+    "Semel",
+    "Settings",
+    "SyncPublisher",
+    "current",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -2,14 +2,16 @@
 copies, and every bad input of :mod:`semel.consumer.commands.bad_inputs`.
 
 Building the messages is a pure function (:func:`build_messages`), so what a
-run sends can be checked without a broker; :func:`publish_all` then sends them
-through :func:`semel.consumer.broker.publishing.publish_confirmed`, keeping a bounded
-window of unconfirmed publishes in flight.
+run sends can be checked without a broker; a good message carries its key as
+:func:`~semel.consumer.producer.envelope.envelope` places it, a bad one as its
+kind needs. :func:`publish_all` then sends them through the
+:class:`~semel.consumer.producer.Publisher`'s batch (in order, a bounded window
+of unconfirmed publishes, no retry: a run reports what the broker said to
+each message once) and counts the receipts.
 """
 
 from __future__ import annotations
 
-import asyncio
 import random
 import uuid
 import zlib
@@ -17,18 +19,26 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import aio_pika
 import orjson
 from aio_pika.abc import AbstractExchange
 
-from semel.consumer.broker.publishing import Published, publish_confirmed
 from semel.consumer.commands.bad_inputs import BROKEN_BODIES, NOT_AS_MESSAGE_ID, BadKind
-from semel.consumer.delivery.message import KeySource
-from semel.consumer.errors import PlanError
+from semel.consumer.delivery.message import KeySource, validate_key
+from semel.consumer.errors import BadMessage, PlanError
 from semel.consumer.names import JSON_CONTENT_TYPE, MAX_KEY_LENGTH
+from semel.consumer.producer import (
+    NO_RETRY,
+    PUBLISH_WINDOW,
+    Answer,
+    Envelope,
+    Prepared,
+    Publisher,
+    Receipt,
+)
+from semel.consumer.producer.envelope import envelope, with_path
+from semel.consumer.producer.receipt import NO_ANSWER
 from semel.stores.base import JSON
 
-PUBLISH_WINDOW = 256  # unconfirmed publishes in flight: fast, yet bounded memory
 LONG_KEY_LENGTH = MAX_KEY_LENGTH + 1
 MESSAGE_ID_LIMIT = 255  # AMQP short string
 
@@ -39,18 +49,13 @@ class Outgoing:
 
     body: bytes
     headers: dict[str, Any]
-    message_id: str | None = None  # None: the client gives every publish its own id
+    message_id: str | None = None  # None: the publisher gives every publish its own id
     content_type: str = JSON_CONTENT_TYPE
     key: str | None = None  # the idempotency key it carries, for the report; None: none
 
-    def to_message(self) -> aio_pika.Message:
-        # Persistent and mandatory: publish_confirmed sends every message so.
-        return aio_pika.Message(
-            self.body,
-            headers=self.headers,
-            message_id=self.message_id,
-            content_type=self.content_type,
-        )
+    def prepared(self, routing_key: str) -> Prepared:
+        sealed = Envelope(self.body, self.headers, self.message_id, self.content_type)
+        return Prepared(sealed, routing_key, self.key or "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,14 +79,6 @@ def default_body(key: str) -> dict[str, Any]:
         "amount": 100 + zlib.crc32(key.encode()) % 99_900,
         "currency": "EUR",
     }
-
-
-def _set_path(body: dict[str, Any], path: str, value: object) -> dict[str, Any]:
-    head, _, rest = path.partition(".")
-    inner = body.get(head)
-    if rest:
-        value = _set_path(dict(inner) if isinstance(inner, dict) else {}, rest, value)
-    return body | {head: value}
 
 
 def _drop_path(body: dict[str, Any], path: str) -> dict[str, Any]:
@@ -125,12 +122,22 @@ class _Builder:
         elif where.kind == "body" and raw is None:
             if not isinstance(body, dict):
                 raise PlanError("SEMEL_KEY_SOURCE=body:... needs a JSON object body")
-            body = _drop_path(body, where.name) if missing else _set_path(body, where.name, key)
+            body = _drop_path(body, where.name) if missing else with_path(body, where.name, key)
         encoded = orjson.dumps(body) if raw is None else raw
         return Outgoing(encoded, headers, message_id, content_type, None if missing else str(key))
 
     def good(self, key: str) -> list[Outgoing]:
-        return [self.message(self.body_for(key), key)]
+        body = self.body_for(key)
+        try:
+            validate_key(key, "--key")
+        except BadMessage:  # sent as given: the consumer dead-letters it, as it would --bad's
+            return [self.message(body, key)]
+        try:
+            sealed = envelope(self.source, key, body)
+        except (ValueError, TypeError) as exc:
+            raise PlanError(str(exc)) from None
+        content_type = sealed.content_type or JSON_CONTENT_TYPE
+        return [Outgoing(sealed.body, sealed.headers, sealed.message_id, content_type, key)]
 
     def bad(self, kind: BadKind, key: str, n: int) -> list[Outgoing]:
         if self.source.kind == "message_id" and kind in NOT_AS_MESSAGE_ID:
@@ -218,20 +225,24 @@ class PublishReport:
     failed_keys: list[str] = field(default_factory=list)
     error: str | None = None  # why the first publish failed
 
-    def count(self, answer: Published) -> None:
-        if answer is Published.CONFIRMED:
+    def count(self, message: Outgoing, receipt: Receipt) -> None:
+        """Count one message's receipt."""
+        if receipt.attempts == 0:
+            self.not_sent += 1
+            return
+        self.published += 1
+        if receipt.answer in NO_ANSWER:
+            self.failed += 1
+            if message.key is not None:
+                self.failed_keys.append(message.key)
+            if self.error is None:
+                self.error = receipt.error
+        elif receipt.answer is Answer.CONFIRMED:
             self.confirmed += 1
-        elif answer is Published.RETURNED:
+        elif receipt.answer is Answer.RETURNED:
             self.returned += 1
         else:
             self.nacked += 1
-
-    def count_failed(self, message: Outgoing, error: Exception) -> None:
-        self.failed += 1
-        if message.key is not None:
-            self.failed_keys.append(message.key)
-        if self.error is None:
-            self.error = f"{type(error).__name__}: {error}".rstrip(": ")
 
     @property
     def ok(self) -> bool:
@@ -245,55 +256,6 @@ class PublishReport:
         if self.failed or self.not_sent:
             text += f", failed {self.failed} (no answer), not sent {self.not_sent}"
         return text
-
-
-class _Window:
-    """A bounded set of unconfirmed publishes, settled into one report."""
-
-    def __init__(self, exchange: AbstractExchange, routing_key: str, size: int) -> None:
-        self.exchange = exchange
-        self.routing_key = routing_key
-        self.report = PublishReport()
-        self.slots = asyncio.Semaphore(size)
-        self.pending: set[asyncio.Task[None]] = set()
-        # The client matches a returned message to its publish by message id,
-        # so two publishes sharing an id (the key as message id) never overlap.
-        self.by_id: dict[str, asyncio.Task[None]] = {}
-        self.failing = False  # a publish got no answer: send nothing more
-
-    async def submit(self, message: Outgoing, on_settled: Callable[[], None]) -> bool:
-        """Start one publish once a slot is free; ``False`` after a failure."""
-        earlier = self.by_id.get(message.message_id or "")
-        if earlier is not None:
-            await asyncio.wait([earlier])
-        await self.slots.acquire()
-        if self.failing:
-            self.slots.release()
-            return False
-        task = asyncio.create_task(self._send(message, on_settled))
-        self.report.published += 1
-        self.pending.add(task)
-        task.add_done_callback(self.pending.discard)
-        if message.message_id is not None:
-            self.by_id[message.message_id] = task
-        return True
-
-    async def _send(self, message: Outgoing, on_settled: Callable[[], None]) -> None:
-        try:
-            answer = await publish_confirmed(self.exchange, message.to_message(), self.routing_key)
-        except Exception as exc:  # no answer: counted, and the run stops
-            self.failing = True
-            self.report.count_failed(message, exc)
-        else:
-            self.report.count(answer)
-        finally:
-            self.slots.release()
-            on_settled()
-
-    async def drain(self) -> PublishReport:
-        if self.pending:
-            await asyncio.wait(self.pending)
-        return self.report
 
 
 async def publish_all(
@@ -313,14 +275,10 @@ async def publish_all(
     or counted failed, and the rest are counted not sent. Nothing is left
     without an outcome, so nothing confirmed-looking can be silently lost.
     """
-    in_flight = _Window(exchange, routing_key, window)
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    for index, message in enumerate(messages):
-        if rate > 0:
-            await asyncio.sleep(max(0.0, started + index / rate - loop.time()))
-        if not await in_flight.submit(message, on_settled):
-            break
-    report = await in_flight.drain()
-    report.not_sent = len(messages) - report.published
+    publisher = Publisher(exchange, retry=NO_RETRY, window=window)
+    prepared = [message.prepared(routing_key) for message in messages]
+    receipts = await publisher.publish_prepared(prepared, rate=rate, on_settled=on_settled)
+    report = PublishReport()
+    for message, receipt in zip(messages, receipts, strict=True):
+        report.count(message, receipt)
     return report
