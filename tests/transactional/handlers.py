@@ -34,8 +34,8 @@ import psycopg
 from psycopg import sql
 
 from semel.consumer import PermanentError
+from semel.consumer.outbox.relay import Relay
 from semel.consumer.transactional import TransactionalContext
-from semel.consumer.transactional.relay import Relay
 from semel.stores.base import JSON
 from semel.stores.postgres.transactional import TransactionalStore
 from tests.consumer.handlers import ALLOW_DIE_ENV

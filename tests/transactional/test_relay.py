@@ -16,7 +16,7 @@ from aio_pika.abc import AbstractChannel
 from psycopg import AsyncConnection
 
 from semel.consumer.names import IDEMPOTENCY_HEADER
-from semel.consumer.transactional.relay import Relay
+from semel.consumer.outbox.relay import Relay
 from semel.stores.base import JSON
 from semel.stores.postgres.outbox import Outbox, OutboxMessage
 from semel.stores.postgres.transactional import TransactionalStore

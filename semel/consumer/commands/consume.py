@@ -2,17 +2,20 @@
 
 This is the Procfile's worker. It opens what the worker needs in an order that
 fails early (the health endpoint, the handler, the store, then the broker),
-and runs on uvloop where it is installed: the worker spends much of each
-delivery in the event loop's own machinery (transports, callbacks), which
-uvloop does in C. Start-up problems end the process with one line and the
-exit code their error class carries (:mod:`semel.consumer.errors`): a bad setting,
-handler or topology is the operator's to fix (2); a store or broker that
-cannot be reached is worth a restart by the supervisor (1).
+runs the outbox relay beside the workers (in transactional mode, or when
+``SEMEL_OUTBOX_RELAY=true``), and runs on uvloop where it is installed: the
+worker spends much of each delivery in the event loop's own machinery
+(transports, callbacks), which uvloop does in C. Start-up problems end the
+process with one line and the exit code their error class carries
+(:mod:`semel.consumer.errors`): a bad setting, handler or topology is the
+operator's to fix (2); a store or broker that cannot be reached is worth a
+restart by the supervisor (1).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import signal
 from collections.abc import Callable
@@ -28,7 +31,13 @@ from semel.consumer.broker.connection import through_drops
 from semel.consumer.broker.delays import DelayReturns
 from semel.consumer.broker.topology import declare
 from semel.consumer.commands.common import fail
-from semel.consumer.container import Container, container_with, shutdown
+from semel.consumer.container import (
+    Container,
+    container_with,
+    relaying,
+    relays_in_consumer,
+    shutdown,
+)
 from semel.consumer.delivery.thread_watch import THREAD_LEASES, exit_now
 from semel.consumer.errors import BrokerUnavailable, SemelError
 from semel.consumer.ops.health import Health
@@ -86,8 +95,17 @@ async def run_consumer(
             )
             for plan in plans
         ]
+        settings = container.settings()
+        relay: Any = contextlib.nullcontext()
+        if relays_in_consumer(settings):
+            # Around the workers: what their handlers committed last is sent on the way out.
+            units = metered if settings.transactional else None
+            watch = container.outbox_watch()
+            health.watch_outbox(watch.detail)
+            relay = relaying(settings, connection, units, watch)
         try:
-            return await run_all(workers, stop or stop_on_signals())
+            async with relay:
+                return await run_all(workers, stop or stop_on_signals())
         finally:
             for returns in delays:
                 await returns.stop()

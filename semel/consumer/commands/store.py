@@ -9,14 +9,36 @@ from typing import Annotated, Any
 import orjson
 import typer
 
-from semel.consumer.commands.common import echo_json, fail, run_with_store
+from semel.consumer.commands.common import (
+    echo_json,
+    fail,
+    open_store,
+    run_with_container,
+    run_with_store,
+)
+from semel.consumer.container import Container, migrates_outbox, open_outbox
 from semel.consumer.runtime.purge import PurgeReport, purge
 from semel.stores.base import Store
 
 
+async def migrate(container: Container) -> list[str]:
+    """The store's set-up, and the outbox table's wherever semel has a PostgreSQL
+    database (:func:`semel.consumer.container.migrates_outbox`)."""
+    warnings = await (await open_store(container)).migrate()
+    settings = container.settings()
+    if migrates_outbox(settings):
+        outbox = await open_outbox(settings)
+        try:
+            await outbox.migrate()
+        finally:
+            await outbox.close()
+    return warnings
+
+
 def migrate_command() -> None:
-    """Create the store's table, index and TTL settings (safe to run twice)."""
-    warnings = run_with_store(lambda store: store.migrate())
+    """Create the store's table, index and TTL settings, and the outbox table with
+    PostgreSQL (safe to run twice)."""
+    warnings = run_with_container(migrate)
     for warning in warnings:
         typer.echo(f"semel: warning: {warning}", err=True)
     typer.echo("store ready")

@@ -7,7 +7,9 @@ copies and dead letters, and to return what waits in the delay queues) and
 gives the front doors their queues: :meth:`Semel.process` for an aio-pika
 callback, :meth:`Semel.faststream` for a FastStream broker or router, and
 :meth:`Semel.idempotent` for any async function (no broker needed then:
-only the store is opened).
+only the store is opened). :attr:`Semel.outbox` stages messages in the
+application's own PostgreSQL transactions and :meth:`Semel.relay` publishes
+them from this process; neither needs :meth:`Semel.start`.
 Everything runs through the composition root, like ``semel consume``: the
 same store wrappers (deadline, batching, metrics), pipeline and settler.
 """
@@ -15,8 +17,9 @@ same store wrappers (deadline, batching, metrics), pipeline and settler.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
@@ -26,7 +29,7 @@ from dependency_injector import providers
 from semel.consumer.broker.connection import through_drops
 from semel.consumer.broker.delays import DelayReturns
 from semel.consumer.broker.topology import declare
-from semel.consumer.container import Container, checked_settings, shutdown
+from semel.consumer.container import Container, checked_settings, relaying, shutdown
 from semel.consumer.delivery.message import Incoming
 from semel.consumer.delivery.pipeline import Pipeline
 from semel.consumer.delivery.routes import Routes
@@ -38,6 +41,7 @@ from semel.consumer.names import Topology
 from semel.consumer.ops.logs import configure
 from semel.consumer.ops.metrics import Metrics, MetricsObserver
 from semel.consumer.ops.tracing import traced
+from semel.consumer.outbox.writer import OutboxWriter
 from semel.consumer.plan import message_rules, pipeline_config, retry_policy, topology_of
 from semel.settings import ConfigError, Settings, derived
 from semel.stores.base import Store
@@ -89,13 +93,43 @@ class Semel:
         metrics: Metrics = self._container.metrics()
         return metrics
 
+    @property
+    def outbox(self) -> OutboxWriter:
+        """Stages messages in the application's own transaction (``await
+        engine.outbox.stage(conn, body, key=..., routing_key=...)``); see docs/outbox.md."""
+        writer: OutboxWriter = self._container.outbox()
+        return writer
+
+    @contextlib.asynccontextmanager
+    async def relay(self) -> AsyncIterator[Any]:
+        """``async with engine.relay():`` runs an outbox relay in this process (a
+        web app's lifespan, say): it publishes what any process staged, woken by
+        LISTEN/NOTIFY, sweeping the table, purging sent rows. It has its own
+        broker connection and database pool, closed when the block ends.
+        Raises :class:`semel.stores.errors.StoreMisconfigured` when the outbox
+        table is missing (run ``semel migrate``)."""
+        self._configure_logs()
+        container = Container()
+        container.settings.override(providers.Object(self.settings))
+        try:
+            connection = await container.connection.async_()
+            async with relaying(
+                self.settings, connection, watch=self._container.outbox_watch()
+            ) as running:
+                yield running
+        finally:
+            await shutdown(container)
+
+    def _configure_logs(self) -> None:
+        if not structlog.is_configured():
+            # semel's lines in SEMEL_LOG_FORMAT at SEMEL_LOG_LEVEL, unless the
+            # application configured structlog itself; its logging stays its own.
+            configure(self._container.logs(), stdlib=False)
+
     async def start(self) -> Semel:
         """Open the store (a bad setting or an unreachable store raises here)."""
         async with self._started:
-            if not structlog.is_configured():
-                # semel's lines in SEMEL_LOG_FORMAT at SEMEL_LOG_LEVEL, unless the
-                # application configured structlog itself; its logging stays its own.
-                configure(self._container.logs(), stdlib=False)
+            self._configure_logs()
             if self._store is None:
                 self._store = await _opened(self._container)
         return self

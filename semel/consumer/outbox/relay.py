@@ -1,15 +1,23 @@
-"""The outbox relay: publishes what transactional handlers committed, then marks it sent.
+"""The outbox relay: publishes committed outbox rows, then marks them sent.
 
-Each consumer process runs one relay. It wakes up on every commit of its own
-process (the fast path) and every ``poll`` seconds otherwise (rows a crashed
-process left behind, refused rows whose back-off ended). A pass takes a batch
-of unsent rows under ``FOR UPDATE SKIP LOCKED``, publishes them through
-:func:`semel.consumer.broker.publishing.publish_confirmed` (confirmed, ``mandatory``,
-persistent), and marks the confirmed ones sent in the same transaction; relays
-of other processes skip the locked rows.
+A relay runs in every process the operator chooses (``semel relay``,
+``engine.relay()``, ``semel consume``); see :mod:`semel.consumer.outbox.runner`.
+It wakes up whenever its source's ``commits`` event is set (a commit of its
+own process, a ``NOTIFY`` from any other) and every ``poll`` seconds
+otherwise (the sweep: rows whose notification was lost, rows a crashed relay
+left locked, refused rows whose back-off ended). A pass takes a batch of
+unsent rows under ``FOR UPDATE SKIP LOCKED``, publishes them through
+:func:`semel.consumer.broker.publishing.publish_confirmed` (confirmed,
+``mandatory``, persistent), and marks the confirmed ones sent in the same
+transaction; relays of other processes skip the locked rows.
 
-Every message carries the row's ``message_id`` and, unless the handler set
-one, an ``Idempotency-Key`` header with the same value. A relay that dies
+In ``oldest-first`` order a batch is published all at once. In ``per-key``
+order the rows of one key are published one after another, each only once
+the one before it was confirmed; the first that is refused or unanswered
+ends its key's run for this pass (what follows it stays unsent, untouched).
+
+Every message carries the row's ``message_id`` and, unless the row's headers
+have one, an ``Idempotency-Key`` header with the same value. A relay that dies
 between the broker's confirm and its commit sends those rows again: the copy
 has the same id, so a consumer downstream (semel, for one) drops it.
 """
@@ -28,9 +36,9 @@ from aiormq.exceptions import AMQPError, ChannelNotFoundEntity
 from semel.consumer.backoff import Backoff
 from semel.consumer.broker.publishing import Published, publish_confirmed
 from semel.consumer.names import DEFAULT_EXCHANGE, IDEMPOTENCY_HEADER
+from semel.consumer.outbox.source import OutboxSource
 from semel.stores.errors import StoreUnavailable
-from semel.stores.postgres.outbox import OutboxMessage
-from semel.stores.postgres.transactional import TransactionalStore
+from semel.stores.postgres.outbox import Ordering, OutboxMessage
 
 BATCH = 100  # rows per pass (and per transaction)
 POLL_INTERVAL = 1.0  # seconds between passes when no commit wakes the relay
@@ -68,32 +76,35 @@ def refusal(outcome: Published | BaseException) -> str | None:
 
 
 class Relay:
-    """Moves committed outbox rows to the broker; one per consumer process."""
+    """Moves committed outbox rows from ``source`` to the broker through ``channel``
+    (publisher confirms on, returns raised)."""
 
     def __init__(
         self,
-        store: TransactionalStore,
+        source: OutboxSource,
         channel: AbstractChannel,
         *,
         batch: int = BATCH,
         poll: float = POLL_INTERVAL,
+        ordering: Ordering = Ordering.OLDEST_FIRST,
     ) -> None:
-        self._store = store
+        self._source = source
         self._channel = channel
         self._batch = batch
         self._poll = poll
+        self._ordering = ordering
         self._exchanges: dict[str, AbstractExchange] = {}
         self._stopping = asyncio.Event()
 
     async def relay_once(self) -> int:
         """One pass: at most one batch; returns how many rows it took."""
-        return await self._store.relay(self._batch, self._publish)
+        return await self._source.relay(self._batch, self._publish, self._ordering)
 
     async def run(self) -> None:
         """Pass after pass until :meth:`stop`; store and broker trouble only pause it."""
         backoff = Backoff(*ERROR_BACKOFF)
         while not self._stopping.is_set():
-            self._store.commits.clear()
+            self._source.commits.clear()
             try:
                 taken = await self.relay_once()
             except Exception as exc:  # the relay must outlive any one failed pass
@@ -132,7 +143,7 @@ class Relay:
     async def _idle(self, seconds: float, *, wake_on_commit: bool) -> None:
         waits = [asyncio.ensure_future(self._stopping.wait())]
         if wake_on_commit:
-            waits.append(asyncio.ensure_future(self._store.commits.wait()))
+            waits.append(asyncio.ensure_future(self._source.commits.wait()))
         try:
             await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -140,14 +151,42 @@ class Relay:
                 wait.cancel()
 
     async def _publish(self, rows: list[OutboxMessage]) -> dict[int, str | None]:
-        """Publish ``rows`` at once; confirmed ones map to ``None``, refused ones to why.
+        """Publish ``rows``; confirmed ones map to ``None``, refused ones to why.
 
         Rows that got no answer (a broken channel, a timeout) are left out: unsent,
         they are simply taken again by the next pass.
         """
+        if self._ordering is Ordering.PER_KEY:
+            runs: dict[str, list[OutboxMessage]] = {}
+            for row in rows:
+                runs.setdefault(row.key, []).append(row)
+            answers: dict[int, str | None] = {}
+            for found in await asyncio.gather(*(self._publish_run(run) for run in runs.values())):
+                answers |= found
+            return answers
         results = await asyncio.gather(
             *(self._publish_one(row) for row in rows), return_exceptions=True
         )
+        return self._answers(rows, results)
+
+    async def _publish_run(self, run: list[OutboxMessage]) -> dict[int, str | None]:
+        """One key's rows in order, each after the one before it was confirmed."""
+        answers: dict[int, str | None] = {}
+        for row in run:
+            if not row.due:
+                break  # waits out its back-off; what follows waits for it
+            try:
+                result: Published | BaseException = await self._publish_one(row)
+            except Exception as exc:
+                result = exc
+            answers |= self._answers([row], [result])
+            if answers.get(row.id, "") is not None:
+                break  # refused or unanswered: the key's later rows stay behind it
+        return answers
+
+    def _answers(
+        self, rows: list[OutboxMessage], results: list[Published | BaseException]
+    ) -> dict[int, str | None]:
         answers: dict[int, str | None] = {}
         for row, result in zip(rows, results, strict=True):
             if isinstance(result, asyncio.CancelledError):

@@ -6,7 +6,8 @@ handler is wrapped so that it runs inside a unit of work
 (:meth:`semel.stores.postgres.transactional.TransactionalStore.run_unit`) and sees the
 transaction as ``context.db``; the unit commits before the pipeline acks, and
 the store then answers the pipeline's completion from that commit. The worker
-also runs the outbox relay and the background purge.
+also runs the background purge (keys and sent outbox rows); the process's
+outbox relay runs beside the workers (:func:`semel.consumer.container.relaying`).
 
 What this mode guarantees: effects on the same PostgreSQL database happen once
 per key, and every staged message is published at least once, with a stable
@@ -29,10 +30,8 @@ from semel.consumer.delivery.handler import Context, Handler, is_async
 from semel.consumer.delivery.results import storable
 from semel.consumer.delivery.routes import Routes
 from semel.consumer.errors import HandlerLoadError, LeaseLost
-from semel.consumer.names import BROKER_CALL_TIMEOUT
 from semel.consumer.runtime.purge import purge_periodically
 from semel.consumer.runtime.worker import Worker
-from semel.consumer.transactional.relay import Relay
 from semel.stores.base import JSON, Store
 from semel.stores.errors import FencedOut
 from semel.stores.postgres.outbox import Outbox
@@ -111,7 +110,7 @@ def transactional_store(store: Store) -> TransactionalStore:
 
 
 class TransactionalWorker(Worker):
-    """The worker, with handlers in transactions, the outbox relay and the purge."""
+    """The worker, with handlers in transactions and the purge."""
 
     def __init__(
         self,
@@ -126,21 +125,13 @@ class TransactionalWorker(Worker):
         )
         super().__init__(connection, store, wrapped, **collaborators)
         self._units = units
-        self._broker = connection
 
     async def run(self, stop: asyncio.Event) -> int:
         await self._units.check_schema()
-        channel = await self._broker.channel(publisher_confirms=True, on_return_raises=True)
-        relay = Relay(self._units, channel)
-        relaying = asyncio.create_task(relay.run())
         purging = asyncio.create_task(purge_periodically(self._units, self._config.purge_interval))
         try:
             return await super().run(stop)
         finally:
-            # After the handlers: what they committed last goes out now if it can.
-            await relay.stop(relaying)
             purging.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await purging
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(channel.close(), BROKER_CALL_TIMEOUT)

@@ -30,7 +30,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from semel.stores.base import JSON, Claim, Completion, Outcome, Record, Status, Store, StoreConfig
 from semel.stores.errors import FencedOut, StoreError, StoreMisconfigured, StoreUnavailable
 from semel.stores.postgres.errors import BACKEND, one_line, translated
-from semel.stores.postgres.outbox import Outbox, OutboxMessage, OutboxTable
+from semel.stores.postgres.outbox import MISSING_TABLE, Ordering, Outbox, OutboxTable, Publish
 from semel.stores.postgres.outbox import schema as outbox_schema
 from semel.stores.postgres.store import POOL_TIMEOUT, PostgresStore, open_pool, pool_size
 from semel.stores.shared.refusal import refused_outcome
@@ -47,7 +47,6 @@ IDLE_MARGIN = 10.0  # seconds
 POOL_MAX = (2, 32)
 
 Work = Callable[[AsyncConnection[Any], Outbox], Awaitable[JSON]]
-Publish = Callable[[list[OutboxMessage]], Awaitable[dict[int, str | None]]]
 
 
 class Phase(Enum):
@@ -194,23 +193,12 @@ class TransactionalStore(PostgresStore):
             async with self._pool.connection() as conn:
                 yield conn
 
-    async def relay(self, limit: int, publish: Publish) -> int:
-        """Take up to ``limit`` unsent rows, ``publish`` them, record the answers, commit.
-
-        ``publish`` maps a row id to ``None`` (confirmed) or why the broker
-        refused it; a row it leaves out stays unsent for the next pass. The rows
-        stay locked while they are published, so no other relay sends them too.
-        Returns how many rows were taken.
-        """
-        async with self._session() as conn, conn.transaction():
-            rows = await self.outbox.take(conn, limit)
-            if not rows:
-                return 0
-            answers = await publish(rows)
-            await self.outbox.mark_sent(conn, [i for i, error in answers.items() if error is None])
-            refused = {i: error for i, error in answers.items() if error is not None}
-            await self.outbox.mark_refused(conn, refused)
-        return len(rows)
+    async def relay(
+        self, limit: int, publish: Publish, ordering: Ordering = Ordering.OLDEST_FIRST
+    ) -> int:
+        """One relay pass over the outbox table (:meth:`OutboxTable.relay`)."""
+        async with self._session() as conn:
+            return await self.outbox.relay(conn, limit, publish, ordering)
 
     async def purge_outbox(self, limit: int = 10_000) -> int:
         """Delete up to ``limit`` messages sent longer ago than the retention period."""
@@ -225,13 +213,8 @@ class TransactionalStore(PostgresStore):
     async def check_schema(self) -> None:
         """Raise :class:`StoreMisconfigured` unless the outbox table exists."""
         async with self._session() as conn:
-            cur = await conn.execute("SELECT to_regclass(%s)", (f'"{self.outbox.table}"',))
-            row = await cur.fetchone()
-        if row is None or row[0] is None:
-            raise StoreMisconfigured(
-                f"outbox table {self.outbox.table!r} does not exist: run `semel migrate` "
-                "with SEMEL_TRANSACTIONAL=true"
-            )
+            if not await self.outbox.exists(conn):
+                raise StoreMisconfigured(MISSING_TABLE.format(table=self.outbox.table))
 
     async def migrate(self) -> list[str]:
         warnings = await super().migrate()
