@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from semel.consumer.commands import consume, dlq, publish, queues, store
+from semel.consumer.commands import consume, dlq, outbox, publish, queues, relay, store
 
 app = typer.Typer(
     name="semel",
@@ -54,7 +54,7 @@ def options(
     """Options of ``semel`` itself, before the command."""
 
 
-for group in (store, consume, publish, dlq, queues):
+for group in (store, consume, publish, dlq, queues, outbox, relay):
     group.register(app)
 
 

@@ -3,7 +3,8 @@
 Alive is the process answering at all. Ready is: the broker connection is
 open, and the store answered within the last few seconds. Readiness also
 names the broker node the connection is on (``host:port``), which changes
-when the worker moves to another node of a cluster. Every store call
+when the worker moves to another node of a cluster, and, where a relay runs,
+the outbox watch's detail (shown, never a reason to be unready). Every store call
 of the worker counts as an answer (see :class:`semel.consumer.ops.metered.Pulse`), so
 the store is pinged only when it has been quiet for ``PING_INTERVAL``, each
 ping bounded by ``PING_TIMEOUT``. Readiness therefore turns false within
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 
 import structlog
 from aio_pika.abc import AbstractConnection
@@ -42,6 +44,8 @@ class Health:
         self._connection: AbstractConnection | None = None
         self._store: MeteredStore | None = None
         self._pinger: asyncio.Task[None] | None = None
+        self._outbox: Callable[[], str] | None = None
+        self._needs_store = True
 
     # Readiness follows start-up: nothing is ready until it has been handed over.
     def watch_broker(self, connection: AbstractConnection) -> None:
@@ -53,8 +57,23 @@ class Health:
         self._store = store
         self._pinger = asyncio.create_task(self._ping_when_quiet(store))
 
+    def without_store(self) -> None:
+        """A process that holds no store (``semel relay``): ready is the broker alone."""
+        self._needs_store = False
+
+    def watch_outbox(self, detail: Callable[[], str]) -> None:
+        """Show ``detail`` (the outbox watch's) in ``/readyz``, where a relay runs."""
+        self._outbox = detail
+
+    def outbox(self) -> str | None:
+        """The outbox watch's detail; ``None`` where no relay runs. It never makes the
+        process unready (:mod:`semel.consumer.ops.outbox_watch` says why)."""
+        return None if self._outbox is None else self._outbox()
+
     def readiness(self) -> dict[str, bool]:
-        """``{"broker": up, "store": up}``."""
+        """``{"broker": up, "store": up}`` (no store where none is held)."""
+        if not self._needs_store:
+            return {"broker": self._broker_up()}
         return {"broker": self._broker_up(), "store": self._store_up()}
 
     def stopped_for(self) -> str | None:

@@ -65,6 +65,8 @@ class OperationsServer:
             body: dict[str, str | None] = {"status": "ready" if ready else "not ready"}
             body |= {name: "up" if up else "down" for name, up in checks.items()}
             body["node"] = self._health.broker_node()
+            if (outbox := self._health.outbox()) is not None:
+                body["outbox"] = outbox  # shown, never a reason to be unready
             status = HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE
             return status, _JSON, orjson.dumps(body)
         return HTTPStatus.NOT_FOUND, _JSON, b'{"error":"not found"}'

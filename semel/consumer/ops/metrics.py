@@ -54,6 +54,14 @@ class StoreMeters:
         self.errors = errors
 
 
+class OutboxGauges:
+    """What the outbox watch sets: how many messages wait, and for how long."""
+
+    def __init__(self, unsent: Gauge, oldest_seconds: Gauge) -> None:
+        self.unsent = unsent
+        self.oldest_seconds = oldest_seconds
+
+
 class Metrics:
     """Every metric semel exports."""
 
@@ -152,6 +160,25 @@ class Metrics:
             ["queue"],
             registry=r,
         )
+        self._outbox: OutboxGauges | None = None
+
+    def outbox_gauges(self) -> OutboxGauges:
+        """The outbox's two gauges, registered on the first call only: a process that
+        runs no relay exports none, rather than a 0 that would read as "all sent"."""
+        if self._outbox is None:
+            self._outbox = OutboxGauges(
+                Gauge(
+                    "semel_outbox_unsent",
+                    "Outbox messages staged and not yet confirmed by the broker.",
+                    registry=self.registry,
+                ),
+                Gauge(
+                    "semel_outbox_oldest_unsent_seconds",
+                    "Age of the oldest unsent outbox message; 0 when none waits.",
+                    registry=self.registry,
+                ),
+            )
+        return self._outbox
 
     def store_meters(self, backend: str) -> StoreMeters:
         """The duration and error children of ``backend``, one per operation."""
