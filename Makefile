@@ -54,8 +54,9 @@ PYTEST_WORKERS ?= 2
 # (tests/cluster: three nodes, a partition timed against the net tick) and the
 # slow store's (no lease may lapse while three workers wait on a slow proxy).
 # Beside four busy test workers on two cores, a process can go without the
-# CPU for longer than a lease or a tick, which is not what they test.
-SERIAL_TESTS = tests/cluster tests/faults/test_slow_store.py
+# CPU for longer than a lease or a tick, which is not what they test. The
+# outbox chaos test (private servers, processes killed on a timeline) too.
+SERIAL_TESTS = tests/cluster tests/faults/test_slow_store.py tests/outbox_chaos/test_outbox_chaos.py
 # What `make test` runs: the whole suite. CI's fresh machine (.ci/fresh-machine)
 # narrows it to the tests of what that machine installs itself; the serial
 # phase then runs only with the whole suite.
