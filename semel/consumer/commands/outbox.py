@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import sys
 from datetime import UTC
 from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from semel.stores.postgres.outbox_status import OutboxReport, OutboxSummary, WaitingMessage
 
 CELL_WIDTH = 40  # characters of a key, exchange or routing key shown in the table
+PIPED_WIDTH = 220  # a table piped to a file or grep: wide enough for every column
 # Why first: on a narrow terminal the names on the right give way, never the why.
 _COLUMNS = (
     "id", "why", "last refusal", "next attempt", "attempts", "age",
@@ -169,7 +171,9 @@ def list_command(
     for name, value in _counts(report):
         typer.echo(f"{name:<{width}}  {value}")
     if report.waiting:
-        Console().print(_table(report.waiting, per_key))
+        # Piped (a log, grep), rich would cut the rows to 80 columns: the ids matter more.
+        console = Console() if sys.stdout.isatty() else Console(width=PIPED_WIDTH)
+        console.print(_table(report.waiting, per_key))
     typer.echo(f"{len(report.waiting)} of {report.summary.unsent} unsent messages shown")
 
 

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from typing import Any, Self
 
-from semel.consumer.container import checked_settings
+import structlog
+
+from semel.consumer.container import checked_settings, log_setup
 from semel.consumer.errors import ConfigurationError
 from semel.consumer.names import CONFIRM_TIMEOUT
+from semel.consumer.ops.logs import configure
 from semel.consumer.producer import publisher, sync
 from semel.consumer.producer.opening import Opening
 from semel.consumer.producer.publisher import PUBLISH_WINDOW
@@ -33,6 +36,14 @@ def publisher_settings(settings: Settings | None, overrides: dict[str, Any]) -> 
         return derived(settings, **overrides) if overrides else settings
     except ConfigError as exc:
         raise ConfigurationError(str(exc)) from None
+
+
+def _configure_logs(settings: Settings) -> None:
+    if not structlog.is_configured():
+        # As the engine does: semel's lines follow SEMEL_LOG_LEVEL (info by
+        # default, so no debug line in an application that set nothing up),
+        # unless the application configured structlog; its logging stays its own.
+        configure(log_setup(settings), stdlib=False)
 
 
 def _connect_options(settings: Settings) -> dict[str, Any]:
@@ -62,6 +73,7 @@ class Publisher(publisher.Publisher):
         keys per ``SEMEL_KEY_SOURCE``. ``overrides`` are settings
         (``exchange="orders"``); a bad one raises here."""
         chosen = publisher_settings(settings, overrides)
+        _configure_logs(chosen)
         return cls.connect(
             chosen.amqp_addresses,
             **_connect_options(chosen),
@@ -88,6 +100,7 @@ class SyncPublisher(sync.SyncPublisher):
         """``with SyncPublisher.open() as publisher:``, or keep the returned
         publisher and ``close()`` it at exit; connected when it returns."""
         chosen = publisher_settings(settings, overrides)
+        _configure_logs(chosen)
         return cls.connect(
             chosen.amqp_addresses,
             **_connect_options(chosen),
