@@ -31,17 +31,12 @@ from semel.consumer.broker.connection import through_drops
 from semel.consumer.broker.delays import DelayReturns
 from semel.consumer.broker.topology import declare
 from semel.consumer.commands.common import fail
-from semel.consumer.container import (
-    Container,
-    container_with,
-    relaying,
-    relays_in_consumer,
-    shutdown,
-)
+from semel.consumer.container import Container, container_with, shutdown
 from semel.consumer.delivery.thread_watch import THREAD_LEASES, exit_now
 from semel.consumer.errors import BrokerUnavailable, SemelError
 from semel.consumer.ops.health import Health
 from semel.consumer.ops.logs import configure
+from semel.consumer.outboxes import relaying, relays_in_consumer
 from semel.consumer.runtime.worker import Worker
 from semel.stores.base import Store
 from semel.stores.errors import StoreError

@@ -21,10 +21,11 @@ from aiormq.exceptions import AMQPError
 
 from semel.consumer.commands.common import fail
 from semel.consumer.commands.consume import LOOP_FACTORY, stop_on_signals
-from semel.consumer.container import Container, relaying, shutdown
+from semel.consumer.container import Container, shutdown
 from semel.consumer.errors import BrokerUnavailable, SemelError
 from semel.consumer.ops.health import Health
 from semel.consumer.ops.logs import configure
+from semel.consumer.outboxes import relaying
 
 log = structlog.get_logger("semel.relay")
 

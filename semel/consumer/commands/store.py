@@ -16,14 +16,15 @@ from semel.consumer.commands.common import (
     run_with_container,
     run_with_store,
 )
-from semel.consumer.container import Container, migrates_outbox, open_outbox
+from semel.consumer.container import Container
+from semel.consumer.outboxes import migrates_outbox, open_outbox
 from semel.consumer.runtime.purge import PurgeReport, purge
 from semel.stores.base import Store
 
 
 async def migrate(container: Container) -> list[str]:
     """The store's set-up, and the outbox table's wherever semel has a PostgreSQL
-    database (:func:`semel.consumer.container.migrates_outbox`)."""
+    database (:func:`semel.consumer.outboxes.migrates_outbox`)."""
     warnings = await (await open_store(container)).migrate()
     settings = container.settings()
     if migrates_outbox(settings):

@@ -29,7 +29,7 @@ from dependency_injector import providers
 from semel.consumer.broker.connection import through_drops
 from semel.consumer.broker.delays import DelayReturns
 from semel.consumer.broker.topology import declare
-from semel.consumer.container import Container, checked_settings, relaying, shutdown
+from semel.consumer.container import Container, checked_settings, shutdown
 from semel.consumer.delivery.message import Incoming
 from semel.consumer.delivery.pipeline import Pipeline
 from semel.consumer.delivery.routes import Routes
@@ -42,6 +42,7 @@ from semel.consumer.ops.logs import configure
 from semel.consumer.ops.metrics import Metrics, MetricsObserver
 from semel.consumer.ops.tracing import traced
 from semel.consumer.outbox.writer import OutboxWriter
+from semel.consumer.outboxes import relaying
 from semel.consumer.plan import message_rules, pipeline_config, retry_policy, topology_of
 from semel.settings import ConfigError, Settings, derived
 from semel.stores.base import Store

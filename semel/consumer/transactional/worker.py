@@ -7,7 +7,7 @@ handler is wrapped so that it runs inside a unit of work
 transaction as ``context.db``; the unit commits before the pipeline acks, and
 the store then answers the pipeline's completion from that commit. The worker
 also runs the background purge (keys and sent outbox rows); the process's
-outbox relay runs beside the workers (:func:`semel.consumer.container.relaying`).
+outbox relay runs beside the workers (:func:`semel.consumer.outboxes.relaying`).
 
 What this mode guarantees: effects on the same PostgreSQL database happen once
 per key, and every staged message is published at least once, with a stable
