@@ -29,6 +29,11 @@ from tests.redis_process import HOST, Server, Topology, data_options, until
 from tests.redis_sentinels import SERVICE, AstraySentinel, sentinel_server
 from tests.servers import free_port
 
+# Redis abandons a manual failover after 5 s (CLUSTER_MF_TIMEOUT); each ask
+# gets twice that to show, and there are enough asks for a busy minute.
+MANUAL_FAILOVER_WAIT = 10.0
+FAILOVER_ATTEMPTS = 6
+
 NODE_TIMEOUT_MS = 1000
 
 T = TypeVar("T")
@@ -135,10 +140,23 @@ class Cluster(Topology):
         (still up) becomes its replica; return once the cluster is healthy again."""
         primary = self.primaries()[0]
         replica = next(n for n in self.nodes() if n.primary_id == primary.id)
-        with self.server(replica.port).client() as client:
-            client.cluster("FAILOVER")
-        until(lambda: self.server(replica.port).info("replication")["role"] == "master",
-              "the replica promoted")  # fmt: skip
+
+        def promoted() -> bool:
+            return bool(self.server(replica.port).info("replication")["role"] == "master")
+
+        # A manual failover that does not finish within Redis's own 5 s (the
+        # primary slow to pause its clients, or the replica to catch up, on a
+        # busy machine) is abandoned without a word, and never retried: ask
+        # again, as an operator would, until the overall deadline.
+        for attempt in range(1, FAILOVER_ATTEMPTS + 1):
+            with self.server(replica.port).client() as client:
+                client.cluster("FAILOVER")
+            try:
+                until(promoted, "the replica promoted", MANUAL_FAILOVER_WAIT)
+                break
+            except TimeoutError:
+                if attempt == FAILOVER_ATTEMPTS:
+                    raise
         self.wait_healthy()
 
     def heal(self, victim: Server) -> None:
