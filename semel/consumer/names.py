@@ -16,6 +16,12 @@ from typing import Any
 H_ATTEMPTS = "x-semel-attempts"
 H_REASON = "x-semel-reason"
 H_ERROR = "x-semel-error"
+# The error fingerprint of a dead letter a handler's exception sent (max-attempts,
+# permanent-error): the exception's qualified class name and the handler's own
+# frame, module:function:line (see semel.consumer.delivery.error_site). Bad input
+# carries neither: its reason is its group.
+H_ERROR_TYPE = "x-semel-error-type"
+H_ERROR_FRAME = "x-semel-error-frame"
 # Why a body failed validation (reason invalid-body): a bounded JSON list of {loc, type, msg}.
 H_VALIDATION_ERRORS = "x-semel-validation-errors"
 H_KEY = "x-semel-key"
@@ -41,6 +47,8 @@ BROKER_HEADERS = (
 X_DEATH = "x-death"
 REJECTED_DEATH = "rejected"  # the x-death reason of a NACK without requeue
 ERROR_HEADER_LIMIT = 1024  # bytes of exception text kept in x-semel-error
+ERROR_TYPE_LIMIT = 256  # bytes kept in x-semel-error-type
+ERROR_FRAME_LIMIT = 256  # bytes kept in x-semel-error-frame
 
 # -- the message ---------------------------------------------------------------------------
 IDEMPOTENCY_HEADER = "Idempotency-Key"

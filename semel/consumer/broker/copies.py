@@ -22,6 +22,8 @@ from semel.consumer.names import (
     H_ATTEMPTS,
     H_DEAD_LETTERED_AT,
     H_ERROR,
+    H_ERROR_FRAME,
+    H_ERROR_TYPE,
     H_FIRST_SEEN,
     H_KEY,
     H_ORIGINAL_EXCHANGE,
@@ -111,4 +113,12 @@ def dead_letter_copy(message: Incoming, facts: Facts, decision: DeadLetter) -> a
     }
     if decision.validation_errors is not None:
         headers[H_VALIDATION_ERRORS] = decision.validation_errors
+    # Only a handler's exception has a fingerprint; one a message arrived with
+    # (a producer's, say) must not put a bad input into a handler's group.
+    for name in (H_ERROR_TYPE, H_ERROR_FRAME):
+        headers.pop(name, None)
+    if decision.site is not None:
+        headers[H_ERROR_TYPE] = decision.site.error_type
+        if decision.site.frame is not None:
+            headers[H_ERROR_FRAME] = decision.site.frame
     return copy_message(message, headers)

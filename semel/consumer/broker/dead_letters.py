@@ -26,7 +26,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
@@ -60,6 +60,11 @@ class DlqEntry:
     dead_lettered_at: datetime | None
     routing_key: str | None  # the routing key it was first published with
     message_id: str | None
+    # The handler's exception, for max-attempts and permanent-error: its qualified
+    # type and the handler's own frame (module:function:line). Grouping and
+    # filters: semel.consumer.broker.letter_filters.
+    error_type: str | None = None
+    error_frame: str | None = None
 
     def age(self, now: datetime) -> timedelta | None:
         return None if self.dead_lettered_at is None else now - self.dead_lettered_at
@@ -75,6 +80,8 @@ class DlqEntry:
             "age_seconds": None if age is None else round(age.total_seconds(), 3),
             "routing_key": self.routing_key,
             "message_id": self.message_id,
+            "error_type": self.error_type,
+            "error_frame": self.error_frame,
         }
 
 
@@ -127,6 +134,8 @@ def read_entry(message: AbstractIncomingMessage) -> DlqEntry:
         dead_lettered_at=parse_instant(headers.get(names.H_DEAD_LETTERED_AT)),
         routing_key=_text(headers.get(names.H_ORIGINAL_ROUTING_KEY)) or message.routing_key,
         message_id=message.message_id,
+        error_type=_text(headers.get(names.H_ERROR_TYPE)) or None,
+        error_frame=_text(headers.get(names.H_ERROR_FRAME)) or None,
     )
 
 
@@ -156,9 +165,16 @@ def replay_copy(message: AbstractIncomingMessage) -> aio_pika.Message:
     return copy_message(message, replay_headers(message.headers or {}))
 
 
+class Chooser(Protocol):
+    """Which dead letters a replay takes: a :class:`Selection`, or any filter
+    (:class:`semel.consumer.broker.letter_filters.LetterFilter`)."""
+
+    def matches(self, entry: DlqEntry) -> bool: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Selection:
-    """Which dead letters a replay takes: one key, one reason, or all."""
+    """One key, one reason, or all (the filters' first form, kept for its callers)."""
 
     key: str | None = None
     reason: Reason | None = None
@@ -255,7 +271,7 @@ Reset = Callable[[str], Awaitable[bool]]
 
 
 async def replay(
-    channel: AbstractChannel, topology: Topology, selection: Selection, reset: Reset
+    channel: AbstractChannel, topology: Topology, selection: Chooser, reset: Reset
 ) -> ReplayReport:
     """Re-publish the selected dead letters to the work queue, then remove them.
 

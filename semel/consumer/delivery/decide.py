@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from semel.consumer.delivery.error_site import ErrorSite
 from semel.consumer.errors import BadMessage, InvalidBody, PermanentError
 from semel.consumer.names import ERROR_HEADER_LIMIT, Reason
 from semel.stores.base import POISON_ERROR, Claim, Record, Status
@@ -140,6 +141,7 @@ class DeadLetter:
     error: str
     outcome: Outcome = Outcome.DEAD_LETTER
     validation_errors: str | None = None  # x-semel-validation-errors, for invalid-body
+    site: ErrorSite | None = None  # the handler's exception: type and frame; None for bad input
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,14 +256,15 @@ def bounded(text: str, limit: int = ERROR_HEADER_LIMIT) -> str:
 
 
 def decide_after_failure(
-    exc: BaseException, attempt: int, policy: RetryPolicy
+    exc: BaseException, attempt: int, policy: RetryPolicy, site: ErrorSite | None = None
 ) -> Retry | DeadLetter:
-    """A handler raised (or timed out) on attempt ``attempt``."""
+    """A handler raised (or timed out) on attempt ``attempt``; ``site`` is where
+    (:func:`semel.consumer.delivery.error_site.error_site`), kept on a dead letter."""
     error = describe(exc)
     if isinstance(exc, PermanentError):
-        return DeadLetter(Reason.PERMANENT_ERROR, error)
+        return DeadLetter(Reason.PERMANENT_ERROR, error, site=site)
     if attempt >= policy.max_attempts:
-        return DeadLetter(Reason.MAX_ATTEMPTS, error)
+        return DeadLetter(Reason.MAX_ATTEMPTS, error, site=site)
     return Retry(delay=policy.delay(attempt), next_attempt=attempt + 1, error=error)
 
 

@@ -38,6 +38,7 @@ from semel.consumer.delivery.decide import (
     decide_store_error,
     describe,
 )
+from semel.consumer.delivery.error_site import error_site
 from semel.consumer.delivery.facts import Delivery, Facts
 from semel.consumer.delivery.handler import Context
 from semel.consumer.delivery.keyed import (
@@ -252,8 +253,10 @@ class Pipeline:
         if isinstance(exc, StoreError):  # the lease could not be kept
             return decide_store_error(exc)
         # The handler failed (or timed out): retry or dead-letter.
-        assert delivery.route is not None
-        decision = decide_after_failure(exc, delivery.facts.attempt, delivery.route.retry)
+        route = delivery.route
+        assert route is not None
+        site = error_site(exc, route.handler)
+        decision = decide_after_failure(exc, delivery.facts.attempt, route.retry, site)
         if isinstance(decision, DeadLetter):
             # Ownership is checked before the dead letter, and the key marked
             # failed once it is confirmed; renewed until then.
