@@ -17,7 +17,6 @@ into it answers "in progress", which sends the duplicate to the conflict queue.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from enum import Enum
@@ -28,10 +27,10 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from semel.stores.base import JSON, Claim, Completion, Outcome, Record, Status, Store, StoreConfig
-from semel.stores.errors import FencedOut, StoreError, StoreMisconfigured, StoreUnavailable
+from semel.stores.errors import FencedOut, StoreError, StoreUnavailable
 from semel.stores.postgres.errors import BACKEND, one_line, translated
-from semel.stores.postgres.outbox import MISSING_TABLE, Ordering, Outbox, OutboxTable, Publish
-from semel.stores.postgres.outbox import schema as outbox_schema
+from semel.stores.postgres.outbox import Ordering, Outbox, OutboxTable, Publish
+from semel.stores.postgres.outbox_pool import PooledOutbox
 from semel.stores.postgres.store import POOL_TIMEOUT, PostgresStore, open_pool, pool_size
 from semel.stores.shared.refusal import refused_outcome
 
@@ -71,7 +70,8 @@ class TransactionalStore(PostgresStore):
         super().__init__(config, pool, table)
         self._units = units
         self.outbox = outbox
-        self.commits = asyncio.Event()  # set after every commit; the relay waits on it
+        self._outbox = PooledOutbox(pool, outbox, config.retention)
+        self.commits = self._outbox.commits  # set after every commit; the relay waits on it
         # (key, fence) of units past their fenced completion; the pipeline's
         # heartbeat and completion for such a claim are answered from here.
         self._finishing: dict[tuple[str, int], Phase] = {}
@@ -187,40 +187,29 @@ class TransactionalStore(PostgresStore):
 
     # -- the outbox ------------------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def _session(self) -> AsyncIterator[AsyncConnection[Any]]:
-        with translated():
-            async with self._pool.connection() as conn:
-                yield conn
+    # Through the store's own pool, as any relay reads it (PooledOutbox).
 
     async def relay(
         self, limit: int, publish: Publish, ordering: Ordering = Ordering.OLDEST_FIRST
     ) -> int:
         """One relay pass over the outbox table (:meth:`OutboxTable.relay`)."""
-        async with self._session() as conn:
-            return await self.outbox.relay(conn, limit, publish, ordering)
+        return await self._outbox.relay(limit, publish, ordering)
 
     async def purge_outbox(self, limit: int = 10_000) -> int:
         """Delete up to ``limit`` messages sent longer ago than the retention period."""
-        async with self._session() as conn:
-            return await self.outbox.purge(conn, self.config.retention, limit)
+        return await self._outbox.purge_outbox(limit)
 
     async def unsent(self) -> int:
         """How many staged messages wait for the relay."""
-        async with self._session() as conn:
-            return await self.outbox.unsent(conn)
+        return await self._outbox.unsent()
 
     async def check_schema(self) -> None:
         """Raise :class:`StoreMisconfigured` unless the outbox table exists."""
-        async with self._session() as conn:
-            if not await self.outbox.exists(conn):
-                raise StoreMisconfigured(MISSING_TABLE.format(table=self.outbox.table))
+        await self._outbox.check_schema()
 
     async def migrate(self) -> list[str]:
         warnings = await super().migrate()
-        async with self._session() as conn:
-            for statement in outbox_schema(self.outbox.table):
-                await conn.execute(statement)
+        await self._outbox.migrate_outbox()
         return warnings
 
     async def close(self) -> None:
