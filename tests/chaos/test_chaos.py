@@ -23,7 +23,7 @@ import pytest
 from rich.console import Console
 
 from tests.chaos.faults import BLACKHOLE, REPLICATED_REDIS, ROLLING
-from tests.chaos.rabbit import RabbitNode
+from tests.chaos.rabbit import RESTART_WARNINGS, RabbitNode
 from tests.chaos.run import ChaosConfig, Report, run_chaos
 from tests.chaos.table import evidence, tables
 from tests.chaos.transactional import TRANSACTIONAL
@@ -33,15 +33,7 @@ from tests.conftest import rabbitmq_lane
 
 pytestmark = [
     pytest.mark.slow,
-    # aiormq leaves its own Connection.close coroutine unawaited when the
-    # broker is restarted under a connection; the run itself checks the outcome.
-    pytest.mark.filterwarnings(
-        "ignore:Exception ignored in. <coroutine object Connection.close"
-        ":pytest.PytestUnraisableExceptionWarning"
-    ),
-    pytest.mark.filterwarnings(
-        "ignore:coroutine 'Connection.close' was never awaited:RuntimeWarning"
-    ),
+    *RESTART_WARNINGS,
 ]
 
 STORES = ["sqlite", "postgres", "redis", "dynamodb", TRANSACTIONAL]

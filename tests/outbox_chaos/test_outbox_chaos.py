@@ -15,21 +15,14 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from tests.chaos.rabbit import RESTART_WARNINGS
 from tests.chaos.verdict import UNEXPLAINED
 from tests.outbox_chaos.run import OutboxChaosConfig, Report, run_outbox_chaos
 from tests.outbox_chaos.table import evidence, render
 
 pytestmark = [
     pytest.mark.slow,
-    # aiormq leaves its own Connection.close coroutine unawaited when the
-    # broker is restarted under a connection; the run itself checks the outcome.
-    pytest.mark.filterwarnings(
-        "ignore:Exception ignored in. <coroutine object Connection.close"
-        ":pytest.PytestUnraisableExceptionWarning"
-    ),
-    pytest.mark.filterwarnings(
-        "ignore:coroutine 'Connection.close' was never awaited:RuntimeWarning"
-    ),
+    *RESTART_WARNINGS,
 ]
 
 
