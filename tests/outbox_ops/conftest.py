@@ -116,10 +116,12 @@ class Outcome:
 _runner = CliRunner()
 
 
-async def semel(settings: Settings, *args: str, columns: int = 250) -> Outcome:
+async def semel(settings: Settings, *args: str, columns: int | None = 250) -> Outcome:
     """Run ``semel`` in-process with ``settings`` as its environment, on a wide
-    terminal so that no table cell is cut; it runs its own loop, so on a thread."""
-    env = settings_env(settings) | {"COLUMNS": str(columns)}
+    terminal so that no table cell is cut (``columns=None``: no COLUMNS, as when
+    piped); it runs its own loop, so on a thread."""
+    env: dict[str, str | None] = dict(settings_env(settings))
+    env["COLUMNS"] = None if columns is None else str(columns)
     result = await asyncio.to_thread(_runner.invoke, app, list(args), env=env)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception

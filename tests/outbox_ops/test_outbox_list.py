@@ -122,6 +122,16 @@ async def test_the_table_shows_the_counts_first_then_why_each_waits(
     assert lines[-1] == "4 of 4 unsent messages shown"
 
 
+async def test_a_piped_table_keeps_every_message_id_whole(outbox: Rows, settings: Settings) -> None:
+    # Piped, with no COLUMNS, rich would cut the table to 80 columns and the ids to "…".
+    await _fill(outbox)
+    listed = await semel(settings, "outbox", "list", columns=None)
+    assert listed.code == 0, listed.stderr
+    answer = await semel(settings, "outbox", "list", "--json")
+    for message in orjson.loads(answer.stdout)["waiting"]:
+        assert message["message_id"] in listed.stdout, listed.stdout
+
+
 async def test_an_empty_outbox_says_so(outbox: Rows, settings: Settings) -> None:
     listed = await semel(settings, "outbox", "list")
     assert listed.code == 0, listed.stderr

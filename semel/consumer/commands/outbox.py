@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import sys
 from datetime import UTC
 from types import ModuleType
@@ -172,7 +173,9 @@ def list_command(
         typer.echo(f"{name:<{width}}  {value}")
     if report.waiting:
         # Piped (a log, grep), rich would cut the rows to 80 columns: the ids matter more.
-        console = Console() if sys.stdout.isatty() else Console(width=PIPED_WIDTH)
+        # (COLUMNS, when set, still decides.)
+        wide = sys.stdout.isatty() or "COLUMNS" in os.environ
+        console = Console() if wide else Console(width=PIPED_WIDTH)
         console.print(_table(report.waiting, per_key))
     typer.echo(f"{len(report.waiting)} of {report.summary.unsent} unsent messages shown")
 
