@@ -124,7 +124,8 @@ async def measure(way: str, messages: int, rate: float, delay: float) -> list[fl
         if returns is not None:
             await returns.stop()
         cleanup = await connection.channel()
-        for queue in (spec.queue, spec.names.conflict_queue, spec.names.dead_letter_queue):
+        names = spec.names  # the dead letters' stream too (declared by semel's way only)
+        for queue in (spec.queue, names.conflict_queue, names.dead_letter_log):
             await cleanup.queue_delete(queue)
         for exchange in (spec.exchange, spec.names.retry_exchange, spec.names.dead_letter_exchange):
             await cleanup.exchange_delete(exchange)
