@@ -142,7 +142,13 @@ class Run:
     answer: str
 
 
-def semel(env: dict[str, str], what: str, *args: str) -> Run:
+async def semel(env: dict[str, str], what: str, *args: str) -> Run:
+    """Run one command; the loop goes on meanwhile, so this process's connection
+    keeps its heartbeats."""
+    return await asyncio.to_thread(_semel, env, what, *args)
+
+
+def _semel(env: dict[str, str], what: str, *args: str) -> Run:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run([SEMEL, *args], env=env, capture_output=True, text=True, timeout=1800)
@@ -186,16 +192,17 @@ async def main(options: argparse.Namespace) -> None:
             console.print(f"filled {options.letters:,} letters in {filled:.1f} s")
             bare, records = await bare_read(connection, spec.names)
             console.print(f"baseline: a bare read of {records:,} records in {bare:.1f} s")
-            runs.append(semel(env, "list", "dlq", "list", "--limit", "20"))
-            runs.append(semel(env, "groups", "dlq", "groups"))
-            runs.append(semel(env, "list, filtered", "dlq", "list", "--reason", "poison"))
-            runs.append(semel(env, "replay dry run", "dlq", "replay", "--all", "--dry-run"))
+            runs.append(await semel(env, "list", "dlq", "list", "--limit", "20"))
+            runs.append(await semel(env, "groups", "dlq", "groups"))
+            runs.append(await semel(env, "list, filtered", "dlq", "list", "--reason", "poison"))
+            runs.append(await semel(env, "replay dry run", "dlq", "replay", "--all", "--dry-run"))
             paced = options.letters // len(_FAILURES)
             rate = str(options.rate)
             what = f"replay {paced:,} at {options.rate:g}/s"
-            runs.append(semel(env, what, "dlq", "replay", "--reason", "poison", "--rate", rate))
-            runs.append(semel(env, "replay the rest", "dlq", "replay", "--all"))
-            runs.append(semel(env, "list (all replayed)", "dlq", "list"))
+            paced_args = ("dlq", "replay", "--reason", "poison", "--rate", rate)
+            runs.append(await semel(env, what, *paced_args))
+            runs.append(await semel(env, "replay the rest", "dlq", "replay", "--all"))
+            runs.append(await semel(env, "list (all replayed)", "dlq", "list"))
         finally:
             await cleanup(connection, spec)
             await connection.close()

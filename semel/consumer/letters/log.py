@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import sys
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -146,9 +147,14 @@ class Letter:
         )
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, repr=False)
 class LogState:
     """The stream folded: its letters still there, and what it held besides."""
+
+    # Short on purpose: asyncio puts the repr of a task's result in its own repr,
+    # and the generated one of 100,000 letters took 300 MiB to build.
+    def __repr__(self) -> str:
+        return f"LogState({len(self.letters)} letters, {self.records} records, {self.ended} ended)"
 
     letters: dict[str, Letter] = field(default_factory=dict)  # stream order
     records: int = 0  # read before the mark
@@ -175,6 +181,24 @@ def _at(value: object) -> datetime | None:
     return parse_instant(value)
 
 
+_SHARED_VALUE_LENGTH = 64
+
+
+def _compact(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """A record's headers, their names and short text values shared between letters.
+
+    A reading holds every letter of the stream at once; most of their header
+    names and many values (a reason, an exchange, an error type) are the same
+    text, and sharing it roughly halves what 100,000 letters take.
+    """
+    return {
+        sys.intern(name): sys.intern(value)
+        if isinstance(value, str) and len(value) <= _SHARED_VALUE_LENGTH
+        else value
+        for name, value in headers.items()
+    }
+
+
 class _Fold:
     """Records in stream order in, :class:`LogState` out."""
 
@@ -186,7 +210,7 @@ class _Fold:
 
     def add(self, message: AbstractIncomingMessage) -> bool:
         """Fold one record; whether it was this reading's mark (the end)."""
-        headers = dict(message.headers or {})
+        headers = _compact(message.headers or {})
         offset = headers.pop(STREAM_OFFSET, 0)
         event = headers.get(H_DLQ_EVENT)
         if event is not None:
@@ -204,7 +228,9 @@ class _Fold:
         if known is not None:
             known.written_at = max(known.written_at, written)
             return False
-        properties = {name: getattr(message, name) for name in PROPERTIES}
+        properties = {
+            name: value for name in PROPERTIES if (value := getattr(message, name)) is not None
+        }
         self.state.letters[letter_id] = Letter(
             letter_id=letter_id,
             entry=entry_of(headers, message.routing_key, message.message_id, letter_id),

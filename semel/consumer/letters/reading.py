@@ -33,9 +33,12 @@ from semel.consumer.names import (
 )
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, repr=False)
 class Listing:
     """The letters a filter picks out of one set of a reading."""
+
+    def __repr__(self) -> str:  # short: see LogState.__repr__
+        return f"Listing({len(self.matched)} matched, {self.live} live, {self.archived} archived)"
 
     live: int  # live letters in the stream
     archived: int  # archived letters in the stream
