@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import aio_pika
 import structlog
 from aio_pika.abc import AbstractRobustChannel, AbstractRobustConnection
 
@@ -75,6 +76,7 @@ class DelayReturns:
         self._work_queue = work_queue
         self._intakes: list[Intake] = []
         self._held: set[asyncio.Task[None]] = set()
+        self._sending: set[asyncio.Future[None]] = set()
 
     @classmethod
     async def start(cls, connection: AbstractRobustConnection, spec: TopologySpec) -> DelayReturns:
@@ -92,12 +94,20 @@ class DelayReturns:
         return returns_
 
     async def stop(self) -> None:
-        """Stop consuming; what is held goes back to its delay queue with the channel."""
+        """Stop consuming; what is held goes back to its delay queue with the channel.
+
+        A copy already on its way (a due message, or a worn one's fresh copy) is
+        given up to ``BROKER_CALL_TIMEOUT`` to be confirmed and its original acked:
+        cut short, a worn message would go back with one more return, and at the
+        delivery limit the broker drops it.
+        """
         for intake in self._intakes:
             await intake.pause()
         for task in self._held:
             task.cancel()
         await asyncio.gather(*self._held, return_exceptions=True)
+        if self._sending:
+            await asyncio.wait(self._sending, timeout=BROKER_CALL_TIMEOUT)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._channel.close(), BROKER_CALL_TIMEOUT)
 
@@ -114,7 +124,6 @@ class DelayReturns:
         task.add_done_callback(self._held.discard)
 
     async def _hold(self, queue: DelayQueue, delivery: AmqpDelivery) -> None:
-        exchange = self._channel.default_exchange
         if returns(delivery.headers) >= RETURNS_BEFORE_DETOUR:
             # Handed back by crashed holders often: a fresh copy of it, stamp
             # kept, starts the broker's count again (names.DELIVERY_LIMIT).
@@ -124,6 +133,17 @@ class DelayReturns:
             if delivery.channel_closed:  # a reconnect meanwhile: redelivered on the new one
                 return
             copy, routing_key = returned_copy(delivery), self._work_queue
+        # Shielded: a stop cancels the waiting, never a copy on its way (see stop).
+        sending = asyncio.ensure_future(self._send(queue, delivery, copy, routing_key))
+        self._sending.add(sending)
+        sending.add_done_callback(self._sending.discard)
+        await asyncio.shield(sending)
+
+    async def _send(
+        self, queue: DelayQueue, delivery: AmqpDelivery, copy: aio_pika.Message, routing_key: str
+    ) -> None:
+        """Publish ``copy`` until confirmed, then ack the original."""
+        exchange = self._channel.default_exchange
         backoff = Backoff(*UNCONFIRMED_BACKOFF)
         while not await publish_copy(exchange, copy, routing_key):
             if delivery.channel_closed:  # the broker has it back in the delay queue
