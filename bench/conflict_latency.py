@@ -124,8 +124,7 @@ async def measure(way: str, messages: int, rate: float, delay: float) -> list[fl
         if returns is not None:
             await returns.stop()
         cleanup = await connection.channel()
-        names = spec.names  # the dead letters' stream too (declared by semel's way only)
-        for queue in (spec.queue, names.conflict_queue, names.dead_letter_log):
+        for queue in (spec.queue, spec.names.conflict_queue, spec.names.dead_letter_queue):
             await cleanup.queue_delete(queue)
         for exchange in (spec.exchange, spec.names.retry_exchange, spec.names.dead_letter_exchange):
             await cleanup.exchange_delete(exchange)

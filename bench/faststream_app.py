@@ -113,8 +113,7 @@ async def consume(
         # The case declared the queue (semel's topology): passive here.
         broker.subscriber(RabbitQueue(queue, declare=False))(handle)
         if semel is not None:
-            # Its delay queues, dead letters' stream and returners now, not at the
-            # first (timed) delivery.
+            # Its delay queues, DLQ and returners now, not at the first (timed) delivery.
             await semel.door(queue)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

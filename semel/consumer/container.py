@@ -21,7 +21,6 @@ from dependency_injector import containers, providers
 from semel.consumer.broker.connection import open_connection, open_tool_connection
 from semel.consumer.delivery.batching import BatchingStore, batched
 from semel.consumer.errors import ConfigurationError
-from semel.consumer.letters.keeper import background_keeper
 from semel.consumer.ops.held import held_watcher
 from semel.consumer.ops.httpd import open_operations
 from semel.consumer.ops.logs import LogSetup
@@ -31,7 +30,6 @@ from semel.consumer.ops.tracing import traced
 from semel.consumer.outboxes import outbox_watch_of, outbox_writer
 from semel.consumer.plan import (
     QueuePlan,
-    dead_letter_names,
     message_rules,
     plans_for,
     purge_interval,
@@ -220,7 +218,6 @@ async def shutdown(container: Container) -> None:
     users = (
         container.health,
         container.purger,
-        container.keeper,
         container.held,
         container.batched_store,
         container.bounded_store,
@@ -286,13 +283,6 @@ class Container(containers.DeclarativeContainer):
     )
     # Messages the broker holds for dead-lettering, as a metric, if the
     # management API is configured.
-    # Live dead letters copied forward in their stream before its retention.
-    keeper = providers.Resource(
-        background_keeper,
-        connection,
-        providers.Callable(dead_letter_names, plans),
-        settings.provided.dlq_archive_retention,
-    )
     held = providers.Resource(
         held_watcher,
         settings.provided.management_url,

@@ -32,18 +32,6 @@ H_DEAD_LETTERED_AT = "x-semel-dead-lettered-at"
 # When a copy was published to a delay queue, in epoch milliseconds: it is due
 # back in Q one queue delay later (see semel.consumer.broker.delays).
 H_PARKED_AT = "x-semel-parked-at"
-# -- the dead letters' stream (see semel.consumer.letters.log) ------------------------------
-# Every dead letter's own id, stamped by the worker (32 hex); a letter moved from
-# an old Q.dlq gets one derived from its content, so moving it twice is harmless.
-H_LETTER_ID = "x-semel-letter-id"
-# The producer's headers, as tagged JSON (semel.consumer.broker.header_codec): a
-# stream drops table and array values and a decimal closes the publishing
-# connection, so a dead letter carries them in this one string header instead.
-H_HEADERS = "x-semel-headers"
-H_REPLAYS = "x-semel-replays"  # how many times its dead letter was replayed before
-H_EDITED_FROM = "x-semel-edited-from"  # the letter id an imported, edited letter replaces
-H_CARRIED_AT = "x-semel-carried-at"  # a letter copied forward in the stream, when
-H_DLQ_EVENT = "x-semel-dlq-event"  # an operator's action on letters, not a letter
 SEMEL_HEADER_PREFIX = "x-semel-"
 # Broker-written headers that must never be copied onto a re-published message.
 BROKER_HEADERS = (
@@ -158,16 +146,5 @@ class Topology:
         return f"{self.queue}.dlx"
 
     @property
-    def dead_letter_log(self) -> str:
-        """The stream the dead letters live in (bound to the DLX with ``dlq``)."""
-        return f"{self.queue}.dead-letters"
-
-    @property
     def dead_letter_queue(self) -> str:
-        """Where earlier versions kept dead letters: a queue ``semel dlq migrate`` empties."""
         return f"{self.queue}.dlq"
-
-    @property
-    def dead_letter_lock(self) -> str:
-        """An exclusive queue held by the one ``semel dlq`` command that writes events."""
-        return f"{self.queue}.dead-letters.lock"

@@ -28,7 +28,6 @@ from semel.consumer.delivery.pipeline import PipelineConfig
 from semel.consumer.delivery.routes import Route, Routes
 from semel.consumer.delivery.typed import bind
 from semel.consumer.errors import ConfigurationError, HandlerLoadError
-from semel.consumer.names import Topology
 from semel.consumer.runtime.purge import PURGE_INTERVAL
 from semel.consumer.runtime.worker import WorkerConfig
 from semel.settings import ConfigError, QueueType, Settings, derived
@@ -184,11 +183,6 @@ def _queue_plan(queue: str, members: list[tuple[HandlerSpec, Settings]]) -> Queu
         }
     )
     return _plan(queue_settings, routes)
-
-
-def dead_letter_names(plans: list[QueuePlan]) -> list[Topology]:
-    """The names of every queue the plans consume, for their dead letters."""
-    return [plan.topology.names for plan in plans]
 
 
 def queue_names(plans: list[QueuePlan]) -> list[str]:

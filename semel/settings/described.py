@@ -9,7 +9,6 @@ DEFAULT_NOTES: dict[str, str] = {
     "prefetch": "`256` (`32` in transactional mode)",
     "dynamodb_endpoint_url": "unset (AWS)",
     "handler": "required",
-    "dlq_archive_retention": "`14d`",
     "management_url": (
         "unset (`semel queues`: the first `SEMEL_AMQP_URL` host, port 15672, "
         "same credentials and vhost)"
@@ -114,11 +113,6 @@ MEANINGS: dict[str, str] = {
     ),
     "broker_give_up": (
         "exit 1 (for the supervisor to restart) when the broker stays away this long"
-    ),
-    "dlq_archive_retention": (
-        "how long an archived dead letter stays, from when it was archived; then it is gone "
-        "for good. Seconds, or a number with a unit: `90m`, `36h`, `14d`, `2w` (see "
-        "[Dead letters during an incident](operations.md#dead-letters-during-an-incident))"
     ),
     "metrics_port": ("Prometheus metrics and health endpoints; `0` turns it off"),
     "management_url": (

@@ -26,7 +26,7 @@ started, DynamoDB's port is cut by a TCP proxy (moto keeps its tables in
 memory), SQLite has no server and skips that fault. ``postgres-tx`` is the
 PostgreSQL store in transactional mode (``SEMEL_TRANSACTIONAL``), whose
 handler writes its effect in the key's own transaction. Then it waits until
-every key is completed in the store or in ``Q.dead-letters`` and prints one table.
+every key is completed in the store or in ``Q.dlq`` and prints one table.
 That is the ``classic`` run.
 
 ``--front faststream`` runs the workers as FastStream apps with semel's
@@ -74,8 +74,8 @@ again as the new one's replica. Only ``classic`` fits them.
 several values, comma-separated, make one run each.
 
 Reading the table: *lost* counts keys neither completed in the store
-(``get(key)``) nor in the private broker's ``Q.dead-letters``; *parked* counts keys
-whose handler was meant to succeed, not completed, found only in ``Q.dead-letters``
+(``get(key)``) nor in the private broker's ``Q.dlq``; *parked* counts keys
+whose handler was meant to succeed, not completed, found only in ``Q.dlq``
 (claimed too many times, say): not lost, but their work was never done. The ledger
 (``tests.chaos.ledger``) records every execution and stamps its side effect;
 a key with two stamped effects is a *duplicate effect*. One is *explained by

@@ -78,7 +78,7 @@ def build(semel: Semel) -> FastStream:
         return await handle(context)
 
     async def open_semel() -> None:
-        # The store opened and the queue's retry tiers, conflict queue and dead letters' stream
+        # The store opened and the queue's retry tiers, conflict queue and DLQ
         # consumers started before the first delivery, as the worker does.
         await semel.start()
         await semel.door(settings.queue)

@@ -96,7 +96,7 @@ def _verdict(report: Report) -> str:
     if report.verdict.lost:
         why.append("keys lost")
     if report.verdict.parked:
-        why.append("keys parked in Q.dead-letters")
+        why.append("keys parked in Q.dlq")
     if report.verdict.count(UNEXPLAINED):
         why.append("unexplained duplicates")
     if report.verdict.replicated and report.verdict.count(UNREPLICATED):
@@ -118,7 +118,7 @@ ROWS: list[tuple[str, Callable[[Report], object]]] = [
     ("  primary killed (failover)", _failovers),
     ("handler executions / effects", _effects),
     ("keys completed (store)", lambda r: r.verdict.completed),
-    ("keys in Q.dead-letters (by reason)", _dead_lettered),
+    ("keys in Q.dlq (by reason)", _dead_lettered),
     ("  of them parked (meant to complete)", lambda r: len(r.verdict.parked)),
     ("lost", lambda r: len(r.verdict.lost)),
     ("duplicate effects: explained by a kill", lambda r: r.verdict.count(KILLED)),
@@ -156,7 +156,7 @@ FAULT_COLUMNS: list[tuple[str, Callable[[Report], object]]] = [
     ("runs/effects", lambda r: f"{r.executions}/{r.effects}"),
     ("held", lambda r: r.held if r.outages else "-"),
     ("slowest", lambda r: f"{r.slowest:.1f} s"),
-    ("Q.dead-letters", lambda r: sum(r.verdict.dead_lettered.values())),
+    ("Q.dlq", lambda r: sum(r.verdict.dead_lettered.values())),
     ("parked", lambda r: len(r.verdict.parked)),
     ("lost", lambda r: len(r.verdict.lost)),
     ("dup.", lambda r: len(r.verdict.duplicates)),
@@ -175,7 +175,7 @@ def render_faults(reports: list[Report]) -> Table:
     # What each fault did goes under the table, a line per run: too long for a cell.
     legend = (
         "kills/terms: workers SIGKILLed / SIGTERMed mid-handler; "
-        "slowest: longest delivery, arrival to settle; parked: in Q.dead-letters though meant to "
+        "slowest: longest delivery, arrival to settle; parked: in Q.dlq though meant to "
         "complete; dup.: duplicate (superseded) effects; killed: of them, SIGKILLed after "
         "the effect; "
         "in fault: of them, lease expired while the store was away from their worker; "
@@ -208,7 +208,7 @@ def evidence(report: Report, limit: int = 20, examples: int = 3) -> list[str]:
     """Each lost key and unexplained duplicate (up to ``limit``), a few examples of the rest."""
     name = report.label if report.fault == CLASSIC else f"{report.label} {report.fault}"
     lines = [f"{name}: lost {key}" for key in report.verdict.lost[:limit]]
-    lines += [f"{name}: parked in Q.dead-letters {key}" for key in report.verdict.parked[:examples]]
+    lines += [f"{name}: parked in Q.dlq {key}" for key in report.verdict.parked[:examples]]
     shown: Counter[str] = Counter()
     for dup in report.verdict.duplicates:
         cap = limit if dup.cause == UNEXPLAINED else examples

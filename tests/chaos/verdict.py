@@ -1,7 +1,7 @@
 """Counting what a chaos run did: lost keys and duplicate side effects, each with its cause.
 
 Pure functions over what the run collected (ledger rows, kills, store
-outages, the workers' settle log lines, the store's records, the dead letters), so
+outages, the workers' settle log lines, the store's records, the DLQ), so
 the classification is tested without any server.
 
 A key has a duplicate effect when the ledger holds more than one stamped
@@ -142,7 +142,7 @@ class Verdict:
     strict: bool = False  # transactional mode: no duplicate effect at all
     # Replicas acknowledge every write (SEMEL_REDIS_REPLICAS_ACK >= 1): none may be lost.
     replicated: bool = False
-    # Keys whose handler was meant to succeed, not completed, only in Q.dead-letters.
+    # Keys whose handler was meant to succeed, not completed, only in Q.dlq.
     parked: list[str] = field(default_factory=list)
 
     def count(self, cause: str) -> int:
@@ -371,7 +371,7 @@ def judge(
     """``dead_letters``: key -> the reasons its dead letters carry.
 
     ``failing``: the keys whose handler is meant to fail for good; any other
-    key that did not complete but went to ``Q.dead-letters`` was *parked* there by a
+    key that did not complete but went to ``Q.dlq`` was *parked* there by a
     fault (claimed too many times, say): not lost, but its work never done.
     """
     keys = list(keys)

@@ -42,7 +42,7 @@ ones, or both; ``--repeat N`` runs each N times in a row, seeds S, S+1, ...
 Then it waits until every key is completed or dead-lettered and prints one
 table. A ledger outside the store records every handler execution (the
 chaos run's, :mod:`tests.chaos.ledger`): *lost* counts keys neither completed
-nor in ``Q.dead-letters``; a key with two effects is a *duplicate effect*, and one is
+nor in ``Q.dlq``; a key with two effects is a *duplicate effect*, and one is
 explained only when its worker was cut off from the store by the partition,
 could not store the completion, and its lease ran out (*lease expired while
 cut off*). Anything else is *unexplained*.

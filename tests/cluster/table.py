@@ -52,9 +52,7 @@ def verdict_of(report: ClusterReport) -> str:
     why = [
         "not drained" if not report.drained else "",
         f"{len(report.verdict.lost)} lost" if report.verdict.lost else "",
-        f"{len(report.verdict.parked)} not meant to fail in Q.dead-letters"
-        if report.verdict.parked
-        else "",
+        f"{len(report.verdict.parked)} not meant to fail in Q.dlq" if report.verdict.parked else "",
         f"{report.exits} workers exited" if report.exits else "",
         f"{report.overlaps} overlaps" if report.overlaps else "",
         "messages held for dead-lettering" if _held(report) not in ("-", "0") else "",
@@ -70,7 +68,7 @@ ROWS: list[tuple[str, Callable[[ClusterReport], str]]] = [
     ("distinct keys", lambda r: str(r.verdict.keys)),
     ("workers: node before the fault", _placed),
     ("keys completed", lambda r: str(r.verdict.completed)),
-    ("keys in Q.dead-letters (meant to fail)", _dlq),
+    ("keys in Q.dlq (meant to fail)", _dlq),
     ("lost", lambda r: str(len(r.verdict.lost))),
     ("copies parked: key in progress (conflicts)", lambda r: str(r.conflicts)),
     ("workers SIGKILLed (by the run)", lambda r: str(r.worker_kills)),

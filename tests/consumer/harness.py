@@ -1,8 +1,7 @@
 """What the end-to-end tests drive and observe: the broker, a consumer, a TCP proxy.
 
 The broker is observed the way an operator would: queue depths from passive
-declares and dead letters read back from the dead letters' stream as
-``semel dlq list`` reads them (:mod:`tests.letters`), never the consumer's logs.
+declares and dead letters read back with basic.get, never the consumer's logs.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +28,11 @@ from dependency_injector import providers
 from semel.consumer.broker.topology import declare, queue_specs
 from semel.consumer.commands.consume import run_consumer
 from semel.consumer.container import Container
-from semel.consumer.letters.log import Letter
 from semel.consumer.names import Topology
 from semel.consumer.plan import topology_of
 from semel.settings import Settings
 from semel.stores.base import Store
 from tests.conftest import settings_env
-from tests.letters import count_dead_letters, wait_for_dead_letters
-from tests.letters import dead_letters as read_dead_letters
 from tests.proxy import TcpProxy as TcpProxy  # re-exported: tests import it from here
 from tests.servers import ROOT
 
@@ -56,33 +52,12 @@ async def eventually(
 
 @dataclass
 class DeadLetter:
-    """A live letter read back from the dead letters' stream ``Q.dead-letters``.
-
-    ``headers`` are the record's (semel's ``x-semel-*`` and the producer's scalar
-    headers); the producer's headers whole, tables and decimals too, are
-    :meth:`producer_headers`.
-    """
+    """A message read back from ``Q.dlq``."""
 
     body: bytes
     headers: dict[str, Any]
     message_id: str | None
     content_type: str | None
-    letter_id: str = ""
-    producer: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, letter: Letter) -> DeadLetter:
-        return cls(
-            letter.body,
-            dict(letter.headers),
-            letter.properties.get("message_id"),
-            letter.properties.get("content_type"),
-            letter.letter_id,
-            letter.producer_headers(),
-        )
-
-    def producer_headers(self) -> dict[str, Any]:
-        return dict(self.producer)
 
     @property
     def reason(self) -> str:
@@ -166,37 +141,28 @@ class Broker:
         return count
 
     async def depths(self, settings: Settings) -> dict[str, int]:
-        """Ready messages in each of semel's queues; the dead letters' stream is not
-        one (a stream keeps what was read): count its letters with
-        :meth:`dead_letter_count`."""
-        stream = Topology(settings.queue).dead_letter_log
         return {
-            spec.name: await self.depth(spec.name)
-            for spec in queue_specs(topology_of(settings))
-            if spec.name != stream
+            spec.name: await self.depth(spec.name) for spec in queue_specs(topology_of(settings))
         }
 
     async def dead_letters(self, settings: Settings) -> list[DeadLetter]:
-        """The live dead letters, in stream order; reading them removes none."""
-        letters = await read_dead_letters(self.connection, settings.queue)
-        return [DeadLetter.of(letter) for letter in letters]
-
-    async def dead_letter_count(self, settings: Settings) -> int:
-        return await count_dead_letters(self.connection, settings.queue)
-
-    async def wait_for_dead_letters(
-        self, settings: Settings, expected: int, deadline: float = 15.0
-    ) -> list[DeadLetter]:
-        """The live dead letters once there are ``expected``; fails after ``deadline`` s."""
-        letters = await wait_for_dead_letters(self.connection, settings.queue, expected, deadline)
-        return [DeadLetter.of(letter) for letter in letters]
+        """Take every message out of ``Q.dlq``."""
+        queue = await self.channel.declare_queue(
+            Topology(settings.queue).dead_letter_queue, passive=True
+        )
+        letters = []
+        while (message := await queue.get(fail=False, no_ack=True)) is not None:
+            letters.append(
+                DeadLetter(message.body, dict(message.headers), message.message_id,
+                           message.content_type)
+            )  # fmt: skip
+        return letters
 
     async def delete_topology(self, settings: Settings) -> None:
         channel = await self.connection.channel()
         names = Topology(settings.queue)
         for spec in queue_specs(topology_of(settings)):
             await channel.queue_delete(spec.name)
-        await channel.queue_delete(names.dead_letter_queue)  # an earlier version's, if any
         for exchange in (settings.exchange, names.retry_exchange, names.dead_letter_exchange):
             await channel.exchange_delete(exchange)
         await channel.close()

@@ -30,7 +30,6 @@ from tests.consumer.conftest import ConsumerSettings
 from tests.consumer.handlers import read_ledger
 from tests.consumer.harness import Broker, eventually
 from tests.consumer.test_delivery import status_is
-from tests.letters import count_dead_letters, wait_for_dead_letters
 from tests.tools.conftest import semel
 
 pytestmark = [pytest.mark.parametrize("backend", ["sqlite", "redis"]), pytest.mark.timeout(90)]
@@ -131,13 +130,16 @@ async def test_an_app_runs_each_handler_on_its_own_queue_once_per_key(
         await publish(broker, settings, "orders.paid", {"order_id": "o-1", "amount": 5}, "k1")
         notify = queue_settings(settings, by_name["notify"])
 
-        await wait_for_dead_letters(broker.connection, notify.queue, 2, 30)
+        async def two_dead_letters() -> bool:
+            return await broker.depth(f"{notify.queue}.dlq") == 2
+
+        await eventually(two_dead_letters, 30, "notify's two dead letters")
         for plan in plans:
             queue = plan.worker.queue
             await eventually(partial(_empty, broker, queue), 15, f"{queue} drained")
         letters = {letter.key: letter for letter in await broker.dead_letters(notify)}
         for name in ("charge", "audit"):
-            assert await count_dead_letters(broker.connection, f"{settings.queue}.{name}") == 0
+            assert await broker.depth(f"{settings.queue}.{name}.dlq") == 0
 
     assert runs(ledger) == Counter(
         {"charge k1": 1, "audit k1": 1, "notify k2": 1, "notify k3": 1, "notify k4": 2}
@@ -174,14 +176,17 @@ async def test_a_replayed_dead_letter_goes_back_to_its_handler(
         async with app_consumer(settings, broker, plans):
             await publish(broker, settings, "orders.eu.shipped", {"fail": True}, "k1")
 
-            await wait_for_dead_letters(broker.connection, notify.queue, 1, 30)
+            async def dead_lettered() -> bool:
+                return await broker.depth(f"{notify.queue}.dlq") == 1
+
+            await eventually(dead_lettered, 30, "notify's dead letter")
             app_handlers.mail_server_up.set()
             done = await semel(notify, "dlq", "replay", "--all")
             assert done.code == 0, done.stderr
             await eventually(
                 lambda: status_is(store, "notify:k1", Status.COMPLETED), 30, "k1 replayed"
             )
-            assert await count_dead_letters(broker.connection, notify.queue) == 0
+            assert await broker.depth(f"{notify.queue}.dlq") == 0
     finally:
         app_handlers.mail_server_up.clear()
     assert runs(ledger)["notify k1"] == 3  # two attempts, then the replay

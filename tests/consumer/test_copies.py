@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import re
 import time
 from datetime import UTC, datetime
-from decimal import Decimal
 from typing import Any, cast
 
 import aio_pika
 from aio_pika.message import IncomingMessage
 from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
-from pamqp.encode import field_table
 from pamqp.header import ContentHeader
 
 from semel.consumer.broker.copies import dead_letter_copy, parked_copy, retry_copy, returned_copy
-from semel.consumer.broker.header_codec import decode_headers
 from semel.consumer.delivery.decide import DeadLetter, Retry, bounded
 from semel.consumer.delivery.facts import Facts, Origin, first_seen
 from semel.consumer.names import (
@@ -26,14 +22,11 @@ from semel.consumer.names import (
     H_DEAD_LETTERED_AT,
     H_ERROR,
     H_FIRST_SEEN,
-    H_HEADERS,
     H_KEY,
-    H_LETTER_ID,
     H_ORIGINAL_EXCHANGE,
     H_ORIGINAL_ROUTING_KEY,
     H_PARKED_AT,
     H_REASON,
-    H_REPLAYS,
     Reason,
 )
 
@@ -157,69 +150,3 @@ def test_a_parked_copy_is_stamped_and_its_return_to_q_is_not() -> None:
     assert back.pop(H_FIRST_SEEN) == parked.headers[H_FIRST_SEEN]
     assert back == {"Idempotency-Key": "k-1", "trace": "t1"} | route
     assert returned.delivery_mode is aio_pika.DeliveryMode.PERSISTENT
-
-
-# A producer's headers as the worker receives them, of every AMQP type.
-PRODUCER: dict[str, Any] = {
-    "Idempotency-Key": "k-1",
-    "trace": {"id": "t-1", "spans": [1, {"d": Decimal("0.5")}]},
-    "tags": ["a", 1],
-    "amount": Decimal("12.30"),
-    "sent_at": datetime(2026, 1, 1, 12, 0, tzinfo=UTC),
-    "raw": bytearray(b"\x00\x01"),
-    "note": "n",
-    "count": 3,
-    "ratio": 0.5,
-    "urgent": False,
-    "nothing": None,
-}
-# What a stream keeps as it is (None included: the broker writes it back as void).
-STREAM_SCALARS = (str, bool, int, float, datetime, bytes, bytearray, type(None))
-
-
-def dead(headers: dict[str, Any]) -> aio_pika.Message:
-    return dead_letter_copy(
-        incoming(headers), FACTS, DeadLetter(Reason.PERMANENT_ERROR, "PermanentError: no")
-    )
-
-
-def test_a_dead_letter_is_fit_for_the_stream_and_carries_the_producers_headers_whole() -> None:
-    letter = dead(PRODUCER | BROKER_WRITTEN)
-    headers = dict(letter.headers)
-    offending = {k: v for k, v in headers.items() if not isinstance(v, STREAM_SCALARS)}
-    assert offending == {}  # no table, array or decimal: the stream would drop or refuse it
-    field_table(headers)  # and aio-pika can send every value
-    assert decode_headers(str(headers[H_HEADERS])) == PRODUCER
-    for name in ("Idempotency-Key", "sent_at", "note", "count", "ratio", "urgent"):
-        assert headers[name] == PRODUCER[name], name
-    assert {"trace", "tags", "amount"}.isdisjoint(headers)
-    assert headers.keys().isdisjoint(BROKER_HEADERS)
-    assert headers[H_REASON] == "permanent-error"
-
-
-def test_every_dead_letter_gets_a_new_letter_id() -> None:
-    stale = "f" * 32
-    ids = [dead({"Idempotency-Key": "k-1", H_LETTER_ID: stale}).headers[H_LETTER_ID]
-           for _ in range(3)]  # fmt: skip
-    assert len(set(ids)) == 3
-    assert stale not in ids
-    assert all(re.fullmatch(r"[0-9a-f]{32}", str(i)) for i in ids)
-
-
-def test_a_copy_s_own_x_semel_headers_is_rebuilt_and_its_replay_count_kept() -> None:
-    """A replayed copy failing again: its replays count stays; an x-semel-headers it
-    arrived with (a producer's, or left on a copy) never stands for the producer's."""
-    letter = dead({"Idempotency-Key": "k-1", "n": 1, H_HEADERS: '{"forged":1}', H_REPLAYS: 2})
-    headers = dict(letter.headers)
-    assert decode_headers(str(headers[H_HEADERS])) == {"Idempotency-Key": "k-1", "n": 1}
-    assert headers[H_REPLAYS] == 2
-
-
-def test_a_producers_header_under_semels_prefix_is_fit_for_the_stream_too() -> None:
-    """Seen failing: kept as it was, a decimal there closed the worker's connection
-    at every attempt (tests.consumer.test_dead_letter_stream)."""
-    letter = dead({"Idempotency-Key": "k-1", "x-semel-custom": Decimal("1.5"),
-                   "x-semel-table": {"a": [1]}})  # fmt: skip
-    headers = dict(letter.headers)
-    offending = {k: v for k, v in headers.items() if not isinstance(v, STREAM_SCALARS)}
-    assert offending == {}

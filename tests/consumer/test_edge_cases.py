@@ -76,8 +76,8 @@ async def test_an_unroutable_copy_never_acks_the_original(
 ) -> None:
     names = Topology(settings.queue)
     consumer = await start_consumer(settings)
-    stream = await broker.channel.declare_queue(names.dead_letter_log, passive=True)
-    await stream.unbind(names.dead_letter_exchange, DLQ_ROUTING_KEY)  # dead letters go nowhere
+    dlq = await broker.channel.declare_queue(names.dead_letter_queue, passive=True)
+    await dlq.unbind(names.dead_letter_exchange, DLQ_ROUTING_KEY)  # dead letters go nowhere
     await broker.publish(settings, b"not json", key="bad")
 
     async def in_flight() -> bool:
@@ -88,9 +88,9 @@ async def test_an_unroutable_copy_never_acks_the_original(
     assert await consumer.finish() == 0
     # Still in the work queue: not acknowledged, not lost, not dead-lettered.
     assert await broker.depth(settings.queue) == 1
-    assert await broker.dead_letter_count(settings) == 0
+    assert await broker.depth(names.dead_letter_queue) == 0
 
-    await stream.bind(names.dead_letter_exchange, DLQ_ROUTING_KEY)
+    await dlq.bind(names.dead_letter_exchange, DLQ_ROUTING_KEY)
     consumer = await start_consumer(settings)
     await settle_all(broker, settings, dead_letters=1)
     await finished(consumer, broker, settings, dead_letters=1)

@@ -22,12 +22,11 @@ from semel.consumer import names
 from semel.consumer.delivery.decide import DeadLetter, Retry, RetryPolicy, decide_after_failure
 from semel.consumer.delivery.error_site import ErrorSite, error_site, qualified_type
 from semel.consumer.errors import HandlerTimeout, PermanentError
-from semel.consumer.names import ERROR_FRAME_LIMIT, ERROR_TYPE_LIMIT, Reason
+from semel.consumer.names import ERROR_FRAME_LIMIT, ERROR_TYPE_LIMIT, Reason, Topology
 from semel.settings import Settings
 from tests.consumer import fingerprint_handlers
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
-from tests.consumer.harness import Broker
-from tests.letters import wait_for_dead_letters as wait_for_letters
+from tests.consumer.harness import Broker, eventually
 from tests.tools.conftest import semel
 
 pytestmark = pytest.mark.timeout(60)
@@ -189,7 +188,12 @@ def _line(marker: str) -> int:
 
 
 async def wait_for_dead_letters(broker: Broker, settings: Settings, count: int) -> None:
-    await wait_for_letters(broker.connection, settings.queue, count)
+    dlq = Topology(settings.queue).dead_letter_queue
+
+    async def arrived() -> bool:
+        return await broker.depth(dlq) >= count
+
+    await eventually(arrived, what=f"{count} dead letters")
 
 
 @pytest.mark.parametrize("handler", ["charge_async", "charge_plain", "charge_typed"])
@@ -259,4 +263,4 @@ async def test_semel_dlq_groups_reads_the_workers_fingerprints(
         key=str,
     )
     assert shown["groups"][0]["sample_key"].startswith("decode-")
-    await wait_for_dead_letters(broker, settings, 5)  # every one still live in the stream
+    await wait_for_dead_letters(broker, settings, 5)  # every one left in the DLQ

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from semel.consumer.names import ERROR_HEADER_LIMIT, H_REASON, Reason
+from semel.consumer.names import ERROR_HEADER_LIMIT, H_REASON, Reason, Topology
 from semel.settings import Settings
 from semel.stores.base import JSON, Claim, ClaimRequest, Completion, DelegatingStore, Status, Store
 from semel.stores.errors import KeyRefused, StoreUnavailable
@@ -96,7 +96,9 @@ async def test_a_key_the_store_cannot_hold_is_dead_lettered_alone(
             await broker.publish(settings, {"n": 1}, key=key)
         for key in ("before", "after"):
             await eventually(partial(status_is, store, key, Status.COMPLETED), what=key)
-        (letter,) = await broker.wait_for_dead_letters(settings, 1)
+        dlq = Topology(settings.queue).dead_letter_queue
+        await eventually(lambda: _depth_is(broker, dlq, 1), what="one dead letter")
+        (letter,) = await broker.dead_letters(settings)
         assert letter.headers[H_REASON] == Reason.STORE_REFUSED.value
         assert await client.get(foreign) == b"a value some other program keeps here"
         assert runs(ledger, "taken") == []
@@ -128,7 +130,7 @@ async def test_a_store_not_set_up_for_semel_stops_consumption_and_loses_nothing(
         )
 
     await eventually(stopped_with_everything_queued, 20, "consumption stopped, 3 queued")
-    assert await broker.dead_letter_count(settings) == 0
+    assert await broker.depth(Topology(settings.queue).dead_letter_queue) == 0
     assert [e for e in read_ledger(ledger) if e["key"].startswith("after")] == []
 
 
@@ -166,7 +168,7 @@ async def test_a_store_whose_ping_passes_while_writes_fail_is_retried_ever_more_
         # Pauses of 0.2, 0.4, 0.8, 1.6 s fit 4 tries in 4 s; a back-off that
         # restarts every round tries about every 0.2 s.
         assert tries <= 6, f"{tries} claims in {asyncio.get_running_loop().time() - started:.1f}s"
-        assert await broker.dead_letter_count(settings) == 0
+        assert await broker.depth(Topology(settings.queue).dead_letter_queue) == 0
     finally:
         await failing.close()
 
@@ -187,7 +189,9 @@ async def test_an_error_no_store_takes_as_it_is_is_stored_safely_after_one_run(
     await start_consumer(settings)
     await broker.publish(settings, {"n": 1}, key="k")
     await eventually(partial(status_is, store, "k", Status.FAILED), 20, "'k' marked failed")
-    (letter,) = await broker.wait_for_dead_letters(settings, 1)
+    dlq = Topology(settings.queue).dead_letter_queue
+    await eventually(partial(_depth_is, broker, dlq, 1), what="one dead letter")
+    (letter,) = await broker.dead_letters(settings)
     assert letter.headers[H_REASON] == Reason.PERMANENT_ERROR.value
     record = await store.get("k")
     assert record is not None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from semel.consumer.names import H_REASON, Reason
+from semel.consumer.names import H_REASON, Reason, Topology
 from semel.settings import Settings
 from tests.consumer.conftest import KEPT_LEASE, ConsumerSettings, StartConsumer
 from tests.consumer.handlers import read_ledger
@@ -46,10 +46,14 @@ async def test_a_thread_past_its_time_limit_is_never_overlapped_by_a_retry(
 
     await eventually(overrun_counted, 10, "the overrunning thread counted")
 
-    (letter,) = await broker.wait_for_dead_letters(settings, 1, 20)  # the second timeout
+    async def dead_lettered() -> bool:
+        return await broker.depth(Topology(settings.queue).dead_letter_queue) == 1
+
+    await eventually(dead_lettered, 20, "the second timeout dead-lettered")
     starts, ends = _times(ledger, "slow", "start"), _times(ledger, "slow", "end")
     assert len(starts) == 2
     assert len(ends) == 2, "dead-lettered while a thread still ran"
     assert starts[1] >= ends[0], "the retry ran beside the first, still running thread"
+    (letter,) = await broker.dead_letters(settings)
     assert letter.headers[H_REASON] == Reason.MAX_ATTEMPTS.value
     assert _overrunning(consumer) == 0

@@ -1,8 +1,6 @@
 """Upgrading from a semel whose delay queues returned messages to Q by TTL and
 dead-lettering: the new worker uses those queues as they are and drains what is
-in flight in them, and nobody deletes a live queue. Its dead-letter queue
-``Q.dlq`` stays where it is with its dead letters, unbound, until ``semel dlq
-migrate``: new dead letters go to the stream.
+in flight in them, and nobody deletes a live queue.
 
 The earlier topology is built here from the arguments that version declared,
 not from today's code.
@@ -10,7 +8,6 @@ not from today's code.
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +18,8 @@ from semel.consumer.names import Topology
 from semel.settings import Settings
 from semel.stores.base import Status, Store
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
-from tests.consumer.handlers import LEDGER_ENV
-from tests.consumer.harness import Broker, ConsumerProcess, eventually, processes
+from tests.consumer.harness import Broker, eventually
 from tests.consumer.test_delivery import finished, runs, status_is
-from tests.letters import wait_for_dead_letters
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -131,71 +126,8 @@ async def test_an_earlier_topology_with_messages_in_flight_is_drained_without_lo
         keys = conflicts + retries
         return all([await status_is(store, key, Status.COMPLETED) for key in keys])
 
-    try:
-        await eventually(all_done, 30, "every key in flight completed")
-        await finished(consumer, broker, settings, dead_letters=0)
-        for key in conflicts + retries:
-            assert len(runs(ledger, key)) == 1, key
-        assert sum((await broker.depths(settings)).values()) == 0
-    finally:
-        await broker.delete_topology(settings)  # its own tiers: not the fixture's settings'
-
-
-async def earlier_dead_letters(broker: Broker, settings: Settings, keys: list[str]) -> None:
-    """Dead letters as the earlier semel's worker left them: in ``Q.dlq``, through the DLX."""
-    names = Topology(settings.queue)
-    dlx = await broker.channel.get_exchange(names.dead_letter_exchange)
-    for key in keys:
-        message = aio_pika.Message(
-            b'{"n": 1}',
-            headers={"Idempotency-Key": key, "x-semel-reason": "max-attempts", "x-semel-key": key},
-            content_type="application/json",
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        )
-        await dlx.publish(message, routing_key="dlq")
-
-
-@pytest.mark.parametrize("queue_type", ["quorum", "classic"])
-async def test_an_earlier_dead_letter_queue_is_kept_unbound_and_new_ones_go_to_the_stream(
-    consumer_settings: ConsumerSettings,
-    broker: Broker,
-    store: Store,
-    ledger: Path,
-    tmp_path: Path,
-    queue_type: str,
-) -> None:
-    """A worker process, so its log is its own: the warning naming ``semel dlq
-    migrate`` is read from what it printed."""
-    settings = consumer_settings(queue_type=queue_type)
-    names = Topology(settings.queue)
-    await declare_earlier_topology(broker, settings)
-    old = ["old-1", "old-2"]
-    await earlier_dead_letters(broker, settings, old)
-    assert await broker.depth(names.dead_letter_queue) == len(old)
-
-    with processes() as started:
-        worker = ConsumerProcess(settings, tmp_path / "worker.log", **{LEDGER_ENV: str(ledger)})
-        started.append(worker.start())
-
-        async def attached() -> bool:
-            assert worker.exited() is None, worker.output()
-            return await broker.consumers(settings.queue) > 0
-
-        await eventually(attached, 30, "the worker consuming")
-        await broker.publish(settings, {"permanent": "declined"}, key="new")
-        (letter,) = await wait_for_dead_letters(broker.connection, settings.queue, 1, 30)
-        worker.signal(signal.SIGTERM)
-        assert await worker.wait() == 0, worker.output()
-
-    assert (letter.entry.key, letter.entry.reason) == ("new", "permanent-error")
-    assert await status_is(store, "new", Status.FAILED)
-    # Left in place with its dead letters, none of them copied into the stream.
-    assert await broker.depth(names.dead_letter_queue) == len(old)
-    output = worker.output()
-    assert "semel dlq migrate" in output, output
-    assert names.dead_letter_queue in output, output
-    # Unbound from Q.dlx: what is dead-lettered now reaches the stream only.
-    await earlier_dead_letters(broker, settings, ["after"])
-    letters = await wait_for_dead_letters(broker.connection, settings.queue, 2, 30)
-    assert [letter.entry.key for letter in letters] == ["new", "after"]
-    assert await broker.depth(names.dead_letter_queue) == len(old)
+    await eventually(all_done, 30, "every key in flight completed")
+    await finished(consumer, broker, settings, dead_letters=0)
+    for key in conflicts + retries:
+        assert len(runs(ledger, key)) == 1, key
+    assert sum((await broker.depths(settings)).values()) == 0

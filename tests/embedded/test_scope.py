@@ -15,7 +15,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from semel.consumer import PermanentError
 from semel.consumer.embedded import Semel
 from semel.consumer.embedded.scope import Run
-from semel.consumer.names import H_KEY, H_REASON
+from semel.consumer.names import H_KEY, H_REASON, Topology
 from semel.settings import Settings
 from tests.consumer.harness import Broker, eventually
 from tests.embedded.test_faststream import counted, take_over
@@ -108,11 +108,14 @@ async def test_a_failing_block_is_retried_then_dead_lettered(
     await broker.publish(settings, {"n": 2, "fail": 99}, key="never")
     await broker.publish(settings, {"n": 3, "permanent": True}, key="refused")
 
-    letters = await broker.wait_for_dead_letters(settings, 2, 30)
+    async def letters_out() -> bool:
+        return await broker.depth(Topology(settings.queue).dead_letter_queue) == 2
+
+    await eventually(letters_out, 30, "two dead letters")
     attempts = sorted((e["key"], e["attempt"]) for e in callback.seen)
     assert attempts == [("never", 1), ("never", 2), ("never", 3), ("once", 1), ("once", 2),
                         ("refused", 1)]  # fmt: skip
-    reasons = {d.headers[H_KEY]: d.headers[H_REASON] for d in letters}
+    reasons = {d.headers[H_KEY]: d.headers[H_REASON] for d in await broker.dead_letters(settings)}
     assert reasons == {"never": "max-attempts", "refused": "permanent-error"}
 
 

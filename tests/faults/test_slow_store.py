@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from semel.consumer.names import Topology
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
 from tests.consumer.handlers import LEDGER_ENV, read_ledger
 from tests.consumer.harness import Broker, ConsumerProcess, TcpProxy, processes
@@ -67,6 +68,7 @@ async def test_a_slow_store_never_lets_a_live_workers_lease_lapse(
         **through, lock_ttl=LEASE, prefetch=PREFETCH, handler_timeout=60.0, max_attempts=5
     )
     keys = [f"k{i}" for i in range(KEYS)]
+    dlq = Topology(settings.queue).dead_letter_queue
     try:
         await broker.declare(settings)
         for key in [*keys, *keys[:COPIES]]:
@@ -80,7 +82,7 @@ async def test_a_slow_store_never_lets_a_live_workers_lease_lapse(
             end = started + DEADLINE
             while len(ended := runs(ledger)[1]) < KEYS:
                 # A dead letter is final: no need to wait for the deadline to fail.
-                if time.monotonic() > end or await broker.dead_letter_count(settings) > 0:
+                if time.monotonic() > end or await broker.depth(dlq) > 0:
                     starts = runs(ledger)[0]
                     letters = Counter(
                         letter.reason for letter in await broker.dead_letters(settings)

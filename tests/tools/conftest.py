@@ -1,10 +1,4 @@
-"""Fixtures of the operator-command tests: a private topology per test on the real broker.
-
-Dead letters live in the stream ``Q.dead-letters``: :func:`dead_letter` writes
-one the way the worker does, and :func:`letters` reads them back the way
-``semel dlq list`` does (a reading takes nothing away, so a test reads as
-often as it likes).
-"""
+"""Fixtures of the operator-command tests: a private topology per test on the real broker."""
 
 from __future__ import annotations
 
@@ -26,10 +20,7 @@ from typer.testing import CliRunner
 
 from semel.consumer import names
 from semel.consumer.broker import topology
-from semel.consumer.broker.copies import carried_headers, new_letter_id, stream_safe_headers
-from semel.consumer.broker.publishing import Published, publish_confirmed
 from semel.consumer.commands.app import app
-from semel.consumer.letters.log import Letter, LogState, read_log
 from semel.consumer.names import Reason, Topology
 from semel.consumer.plan import topology_of
 from semel.settings import Settings
@@ -58,7 +49,6 @@ async def connection(settings: Settings) -> AsyncIterator[AbstractConnection]:
         names = Topology(settings.queue)
         for spec in topology.queue_specs(topology_of(settings)):
             await channel.queue_delete(spec.name)
-        await channel.queue_delete(names.dead_letter_queue)  # an earlier version's, if made
         for exchange in (settings.exchange, names.retry_exchange, names.dead_letter_exchange):
             await channel.exchange_delete(exchange)
 
@@ -141,58 +131,8 @@ def header(message: AbstractIncomingMessage, name: str) -> Any:
     return (message.headers or {}).get(name)
 
 
-async def read(connection: AbstractConnection, settings: Settings) -> LogState:
-    """The dead letters' stream folded, as the commands read it."""
-    retention = settings.dlq_archive_retention
-    return await read_log(connection, Topology(settings.queue), archive_retention=retention)
-
-
-async def letters(connection: AbstractConnection, settings: Settings) -> list[Letter]:
-    """The live dead letters, in stream order."""
-    return (await read(connection, settings)).live()
-
-
-async def wait_for_letters(
-    connection: AbstractConnection, settings: Settings, expected: int, deadline: float = 15.0
-) -> list[Letter]:
-    """The live dead letters once there are ``expected`` of them; fail after ``deadline`` s."""
-    end = time.monotonic() + deadline
-    while True:
-        found = await letters(connection, settings)
-        if len(found) == expected:
-            return found
-        if time.monotonic() > end:
-            pytest.fail(f"{len(found)} live dead letters, not {expected}, after {deadline:g}s")
-        await asyncio.sleep(0.1)
-
-
-def report(
-    replayed: int, kept: int, failed: int = 0, reset: int = 0, archived: int = 0
-) -> dict[str, object]:
-    """``semel dlq replay --json``'s answer of a run that ran to its end."""
-    counts = {"replayed": replayed, "kept": kept, "failed": failed, "reset": reset}
-    return counts | {"archived": archived, "missing": [], "stopped": None}
-
-
 KEY_HEADER = "Idempotency-Key"
 FINGERPRINT = "f" * 64
-# A producer's header a stream cannot keep as it is (a table holding an array):
-# it travels inside x-semel-headers and a replay restores it.
-CONTEXT = {"tenant": "t-1", "tags": ["a", "b"]}
-
-
-async def publish_letter(
-    channel: AbstractChannel, settings: Settings, message: aio_pika.Message
-) -> str:
-    """Dead-letter ``message`` the way the worker does: the broker's headers dropped,
-    stream-safe headers, a new letter id, confirmed through Q.dlx. Its letter id."""
-    headers = stream_safe_headers(carried_headers(message.headers or {}))
-    letter_id = headers[names.H_LETTER_ID] = new_letter_id()
-    message.headers = headers
-    dlx = await channel.get_exchange(Topology(settings.queue).dead_letter_exchange, ensure=False)
-    answer = await publish_confirmed(dlx, message, names.DLQ_ROUTING_KEY)
-    assert answer is Published.CONFIRMED, answer
-    return letter_id
 
 
 async def dead_letter(
@@ -203,33 +143,9 @@ async def dead_letter(
     *,
     attempts: int = 5,
     age: timedelta = timedelta(minutes=3),
-    exchange: str | None = None,
-    routing_key: str = "order.paid",
-    replays: int | None = None,
-) -> str:
-    """A dead letter as the worker writes it (see :func:`publish_letter`); its letter id.
-
-    Its producer sent it to ``exchange`` (``SEMEL_EXCHANGE`` by default) with
-    ``routing_key``.
-    """
+) -> None:
+    """Put a dead letter in Q.dlq the way the consumer does: confirmed, through Q.dlx."""
     now = datetime.now(UTC)
-    headers: dict[str, Any] = {
-        KEY_HEADER: key,
-        "x-trace": "keep-me",
-        "x-context": CONTEXT,
-        names.H_REASON: reason.value,
-        names.H_ERROR: f"RuntimeError: payment service said no to {key} " + "x" * 200,
-        names.H_ATTEMPTS: attempts,
-        names.H_KEY: key,
-        names.H_ORIGINAL_EXCHANGE: settings.exchange if exchange is None else exchange,
-        names.H_ORIGINAL_ROUTING_KEY: routing_key,
-        names.H_FIRST_SEEN: (now - age - timedelta(seconds=30)).isoformat(),
-        names.H_DEAD_LETTERED_AT: (now - age).isoformat(timespec="milliseconds"),
-        "x-death": [{"queue": settings.queue, "reason": "rejected", "count": 1}],
-        "x-first-death-queue": settings.queue,
-    }
-    if replays is not None:
-        headers[names.H_REPLAYS] = replays
     message = aio_pika.Message(
         json.dumps({"event": "order.paid", "order_id": key, "amount": 1}).encode(),
         content_type="application/json",
@@ -237,6 +153,20 @@ async def dead_letter(
         app_id="shop",
         message_id=f"mid-{key}",
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        headers=headers,
+        headers={
+            KEY_HEADER: key,
+            "x-trace": "keep-me",
+            names.H_REASON: reason.value,
+            names.H_ERROR: f"RuntimeError: payment service said no to {key} " + "x" * 200,
+            names.H_ATTEMPTS: attempts,
+            names.H_KEY: key,
+            names.H_ORIGINAL_EXCHANGE: settings.exchange,
+            names.H_ORIGINAL_ROUTING_KEY: "order.paid",
+            names.H_FIRST_SEEN: (now - age - timedelta(seconds=30)).isoformat(),
+            names.H_DEAD_LETTERED_AT: (now - age).isoformat(timespec="milliseconds"),
+            "x-death": [{"queue": settings.queue, "reason": "rejected", "count": 1}],
+            "x-first-death-queue": settings.queue,
+        },
     )
-    return await publish_letter(channel, settings, message)
+    dlx = await channel.get_exchange(Topology(settings.queue).dead_letter_exchange)
+    await dlx.publish(message, names.DLQ_ROUTING_KEY, mandatory=True)

@@ -25,7 +25,7 @@ from tests.conftest import Rabbitmqctl, SettingsFactory, open_store
 from tests.consumer.conftest import FAST
 from tests.consumer.handlers import LEDGER_ENV, read_ledger
 from tests.consumer.harness import Broker, InProcessConsumer
-from tests.tools.conftest import dead_letter, eventually, semel, wait_for_letters
+from tests.tools.conftest import dead_letter, eventually, semel, wait_for_depth
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -72,14 +72,11 @@ async def poisoned(store: Store, key: str, body: dict[str, object]) -> None:
 
 
 async def held(rabbitmqctl: Rabbitmqctl, settings: Settings) -> int:
-    """Messages in the topology's queues (work, retry, conflict), ready and
-    unacknowledged: 0 once every delivery is settled and none is parked. The
-    dead letters' stream is not one of them: it keeps every record."""
+    """Messages in the topology's queues (work, retry, conflict, DLQ), ready and
+    unacknowledged: 0 once every delivery is settled and none is parked."""
     out = await rabbitmqctl("list_queues", "-q", "--no-table-headers", "name", "messages")
     counts = dict(line.split("\t") for line in out.splitlines() if "\t" in line)
-    stream = Topology(settings.queue).dead_letter_log
-    specs = [spec for spec in queue_specs(topology_of(settings)) if spec.name != stream]
-    return sum(int(counts[spec.name]) for spec in specs)
+    return sum(int(counts[spec.name]) for spec in queue_specs(topology_of(settings)))
 
 
 async def test_replaying_every_letter_of_a_poison_key_runs_it_once(
@@ -98,7 +95,7 @@ async def test_replaying_every_letter_of_a_poison_key_runs_it_once(
     for key in others:
         await dead_letter(channel, settings, key, Reason.PERMANENT_ERROR)
     await dead_letter(channel, settings, POISON_KEY, Reason.POISON)
-    await wait_for_letters(connection, settings, BETWEEN + 2)
+    await wait_for_depth(channel, Topology(settings.queue).dead_letter_queue, BETWEEN + 2)
 
     broker = Broker(connection, channel)
     consumer = await InProcessConsumer(settings).start(broker, settings)

@@ -139,7 +139,7 @@ async def test_nothing_held_is_exit_0_and_json_lists_every_queue(
     assert outcome.code == 0, outcome
     listed = {row["name"]: row for row in json.loads(outcome.stdout)}
     names = Topology(settings.queue)
-    assert set(listed) >= {settings.queue, names.conflict_queue, names.dead_letter_log}
+    assert set(listed) >= {settings.queue, names.conflict_queue, names.dead_letter_queue}
     assert all(row["exists"] and row["held_for_dead_lettering"] == 0 for row in listed.values())
 
 
@@ -188,7 +188,7 @@ async def test_the_held_count_is_a_metric_of_every_queue_when_the_api_is_configu
 
         await eventually(exported, 10, "semel_queue_messages_dlx of Q is 1")
         assert held_sample(metrics, names.conflict_queue) == 0
-        assert held_sample(metrics, names.dead_letter_log) == 0
+        assert held_sample(metrics, names.dead_letter_queue) == 0
     finally:
         await shutdown(container)
 

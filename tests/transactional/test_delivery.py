@@ -111,7 +111,7 @@ async def test_a_missing_outbox_table_is_reported_at_start_up(
         await consumer.start(broker, settings)
     assert info.value.exit_code == 2
     assert "semel migrate" in str(info.value)
-    assert await broker.dead_letter_count(settings) == 0
+    assert await broker.depth(Topology(settings.queue).dead_letter_queue) == 0
 
 
 def test_transactional_mode_needs_the_postgres_store(monkeypatch: pytest.MonkeyPatch) -> None:

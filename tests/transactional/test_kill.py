@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from semel.consumer.names import Topology
 from semel.stores.postgres.transactional import TransactionalStore
 from tests.conftest import SettingsFactory, open_store
 from tests.consumer.harness import Broker
@@ -40,7 +41,7 @@ async def test_killed_at_every_step_every_key_has_one_row_and_one_message(
     assert report.kills == dict.fromkeys(KILL_POINTS, KILLS_PER_STEP)
     assert report.keys >= 40
     fail_unless_exactly_once(report, report.keys)
-    assert await broker.dead_letter_count(settings) == 0
+    assert await broker.depth(Topology(settings.queue).dead_letter_queue) == 0
 
 
 async def test_the_proof_catches_a_write_outside_the_transaction(

@@ -9,14 +9,11 @@ broker headers, and it gains semel's own headers.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 import aio_pika
 
-from semel.consumer.broker.header_codec import encode_headers
 from semel.consumer.delivery.decide import DeadLetter, Retry, bounded
 from semel.consumer.delivery.facts import Facts, first_seen, now_iso, origin
 from semel.consumer.delivery.message import Incoming
@@ -28,23 +25,13 @@ from semel.consumer.names import (
     H_ERROR_FRAME,
     H_ERROR_TYPE,
     H_FIRST_SEEN,
-    H_HEADERS,
     H_KEY,
-    H_LETTER_ID,
     H_ORIGINAL_EXCHANGE,
     H_ORIGINAL_ROUTING_KEY,
     H_PARKED_AT,
     H_REASON,
     H_VALIDATION_ERRORS,
-    SEMEL_HEADER_PREFIX,
 )
-
-# Header values a stream keeps as they are. A table or array value would be
-# dropped without a word and a decimal would close the connection, so those
-# travel only inside x-semel-headers (see stream_safe_headers).
-# Bytes are left out too: aio-pika sends only a bytearray, and a header read
-# back as bytes (a long string that is not UTF-8) could not be sent again.
-_STREAM_SCALARS = (str, bool, int, float, datetime)
 
 
 def carried_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
@@ -116,26 +103,8 @@ def retry_copy(message: Incoming, facts: Facts, decision: Retry) -> aio_pika.Mes
     return copy_message(message, headers | parked_at_now())
 
 
-def stream_safe_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
-    """Headers fit for the dead letters' stream: the scalars as they are (semel's
-    own are all scalars), and the producer's headers whole in ``x-semel-headers``
-    (what a replay restores). A value of another kind under semel's prefix, which
-    only a producer can have sent, is dropped: kept, it would be lost silently
-    (a table) or close the connection at every try (a decimal)."""
-    producer = {k: v for k, v in headers.items() if not k.startswith(SEMEL_HEADER_PREFIX)}
-    kept = {k: v for k, v in headers.items() if isinstance(v, _STREAM_SCALARS)}
-    kept[H_HEADERS] = encode_headers(producer)
-    return kept
-
-
-def new_letter_id() -> str:
-    return uuid.uuid4().hex
-
-
 def dead_letter_copy(message: Incoming, facts: Facts, decision: DeadLetter) -> aio_pika.Message:
-    carried = carried_headers(message.headers)
-    carried.pop(H_HEADERS, None)  # a producer's own, or a replayed copy's: rebuilt below
-    headers = carried | _semel_headers(facts, facts.attempt)
+    headers = carried_headers(message.headers) | _semel_headers(facts, facts.attempt)
     headers |= {
         H_REASON: decision.reason.value,
         H_ERROR: bounded(decision.error),
@@ -152,6 +121,4 @@ def dead_letter_copy(message: Incoming, facts: Facts, decision: DeadLetter) -> a
         headers[H_ERROR_TYPE] = decision.site.error_type
         if decision.site.frame is not None:
             headers[H_ERROR_FRAME] = decision.site.frame
-    headers = stream_safe_headers(headers)
-    headers[H_LETTER_ID] = new_letter_id()
     return copy_message(message, headers)

@@ -28,21 +28,12 @@ from typing import Any
 import aio_pika
 import structlog
 from aio_pika.abc import AbstractConnection
-from aiormq.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
+from aiormq.exceptions import ChannelPreconditionFailed
 
 from semel.consumer.errors import TopologyMismatch
 from semel.consumer.names import DEFAULT_EXCHANGE, DELIVERY_LIMIT, DLQ_ROUTING_KEY, Topology
 
 DELIVERY_LIMIT_ARG = "x-delivery-limit"
-# The dead letters' stream. Records older than the max age go a segment at a
-# time; a live letter is copied forward long before (semel.consumer.letters.keep),
-# so only letters replayed, discarded or past their archive retention go.
-# Small segments let that happen close to the age.
-DEAD_LETTER_LOG_ARGS: dict[str, Any] = {
-    "x-queue-type": "stream",
-    "x-max-age": "28D",
-    "x-stream-max-segment-size-bytes": 8_000_000,
-}
 
 log = structlog.get_logger("semel.topology")
 
@@ -133,13 +124,13 @@ def queue_specs(spec: TopologySpec) -> list[QueueSpec]:
     conflict = _delay_queue(
         spec, names.conflict_queue, spec.conflict_delay, names.conflict_routing_key
     )
-    dead_letters = QueueSpec(
-        name=names.dead_letter_log,
-        arguments=dict(DEAD_LETTER_LOG_ARGS),
+    dlq = QueueSpec(
+        name=names.dead_letter_queue,
+        arguments=_queue_args(spec),
         exchange=names.dead_letter_exchange,
         routing_keys=(DLQ_ROUTING_KEY,),
     )
-    return [work, conflict, *tiers, dead_letters]
+    return [work, conflict, *tiers, dlq]
 
 
 async def _declare_queue(connection: AbstractConnection, spec: QueueSpec) -> None:
@@ -233,30 +224,3 @@ async def declare(
             await channel.close()
     for queue in reversed(queue_specs(spec)[0 if work_queue else 1 :]):
         await _declare_queue(connection, queue)
-    await _retire_old_dead_letter_queue(connection, names)
-
-
-async def _retire_old_dead_letter_queue(connection: AbstractConnection, names: Topology) -> None:
-    """Unbind an earlier version's ``Q.dlq`` so new dead letters go to the stream only.
-
-    Its dead letters stay where they are until ``semel dlq migrate`` moves them;
-    the queue is never deleted here.
-    """
-    channel = await connection.channel()
-    try:
-        try:
-            queue = await channel.declare_queue(names.dead_letter_queue, passive=True)
-        except ChannelNotFoundEntity:
-            return
-        await queue.unbind(names.dead_letter_exchange, routing_key=DLQ_ROUTING_KEY)
-        log.warning(
-            "an earlier version's dead-letter queue is still here; new dead letters go "
-            "to the stream",
-            queue=names.dead_letter_queue,
-            dead_letters=queue.declaration_result.message_count,
-            stream=names.dead_letter_log,
-            hint="run `semel dlq migrate` to move them into the stream",
-        )
-    finally:
-        if not channel.is_closed:
-            await channel.close()

@@ -9,11 +9,9 @@ configuration, 1 anything else (:mod:`semel.consumer.errors`).
 
 from __future__ import annotations
 
-import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated
 
-import structlog
 import typer
 
 from semel.consumer.commands import consume, dlq, outbox, publish, queues, relay, store
@@ -60,16 +58,8 @@ for group in (store, consume, publish, dlq, queues, outbox, relay):
     group.register(app)
 
 
-def _to_stderr(*_: object) -> structlog.PrintLogger:
-    return structlog.PrintLogger(file=sys.stderr)
-
-
 def main() -> None:
     """Entry point of the ``semel`` script."""
-    # A command's warnings (a topology an earlier version declared, say) go to
-    # stderr, so what it prints on stdout (--json) stays whole. `consume` and
-    # `relay` configure logging fully later.
-    structlog.configure(logger_factory=_to_stderr)
     app()
 
 

@@ -99,16 +99,15 @@ async def confirm_channel(
 
     The topology is declared first (idempotent) unless ``declare_topology`` is
     false, so a command works against a broker the consumer never ran on. A
-    command that only works on dead letters (``dead_letters_only``) declares
-    nothing where their stream (``Q.dead-letters``) exists, and never binds:
-    ``SEMEL_QUEUE`` may name an app handler's queue, whose bindings are its
-    handler's patterns, not ``SEMEL_BINDING_KEYS``, and its retry tiers the
-    handler's own.
+    command that only reads and replays dead letters (``dead_letters_only``)
+    declares nothing where the DLQ exists, and never binds: ``SEMEL_QUEUE``
+    may name an app handler's queue, whose bindings are its handler's patterns,
+    not ``SEMEL_BINDING_KEYS``, and its retry tiers the handler's own.
     """
     connection: AbstractConnection = await container.tool_connection.async_()
     topology = container.topology()
     if dead_letters_only:
-        if await queue_exists(connection, topology.names.dead_letter_log):
+        if await queue_exists(connection, topology.names.dead_letter_queue):
             declare_topology = False
         topology = replace(topology, binding_keys=())
     if declare_topology:

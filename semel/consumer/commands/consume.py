@@ -84,7 +84,6 @@ async def run_consumer(
         workers: list[Worker] = await container.workers.async_()
         await container.purger.async_()
         await container.held.async_()
-        await container.keeper.async_()
         delays = [
             await through_drops(
                 partial(DelayReturns.start, connection, plan.topology), connection, give_up
