@@ -76,7 +76,7 @@ class DelayReturns:
         self._work_queue = work_queue
         self._intakes: list[Intake] = []
         self._held: set[asyncio.Task[None]] = set()
-        self._sending: set[asyncio.Future[None]] = set()
+        self._sending: set[asyncio.Task[None]] = set()
 
     @classmethod
     async def start(cls, connection: AbstractRobustConnection, spec: TopologySpec) -> DelayReturns:
@@ -134,7 +134,7 @@ class DelayReturns:
                 return
             copy, routing_key = returned_copy(delivery), self._work_queue
         # Shielded: a stop cancels the waiting, never a copy on its way (see stop).
-        sending = asyncio.ensure_future(self._send(queue, delivery, copy, routing_key))
+        sending = asyncio.create_task(self._send(queue, delivery, copy, routing_key))
         self._sending.add(sending)
         sending.add_done_callback(self._sending.discard)
         await asyncio.shield(sending)
