@@ -20,6 +20,7 @@ from bench.run import Plan, Runner
 FULL = {"messages": 50_000, "repeat": 3, "rss": 100_000, "latency_seconds": 10.0}
 QUICK = {"messages": 2_000, "repeat": 1, "rss": 1_000, "latency_seconds": 1.5}
 LATENCY_RATE = 200.0  # messages/s of the latency phase: a light load
+AGAINST_STORES = ("redis",)  # the stores another revision (--against) is measured with
 
 
 def stores(value: str) -> list[str]:
@@ -37,7 +38,7 @@ def parse(argv: list[str]) -> Plan:
     parser.add_argument(
         "--quick", action="store_true", help="2,000 messages, one repeat: a smoke run"
     )
-    parser.add_argument("--stores", type=stores, default=list(STORES), help="comma-separated")
+    parser.add_argument("--stores", type=stores, help="comma-separated (default: all)")
     parser.add_argument("--rss-messages", type=int, help="messages per long-run batch (100,000)")
     parser.add_argument(
         "--dynamodb-server",
@@ -59,8 +60,19 @@ def parse(argv: list[str]) -> Plan:
         help="the FastStream front runs under cProfile, one .prof per drain in this folder "
         "(python -m bench.profiles reads them); its figures are then not comparable",
     )
+    parser.add_argument(
+        "--against",
+        metavar="REF",
+        action="append",
+        default=[],
+        help="also measure this git ref of semel (installed in a venv of its own, cached "
+        "under ~/.cache/semel-bench), drain by drain beside this checkout; repeatable; "
+        "Redis only",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/out"), help="output folder")
     args = parser.parse_args(argv)
+    if args.against:
+        refuse_against(parser, args)
     sizes = QUICK if args.quick else FULL
     messages = args.messages or int(sizes["messages"])
     if messages < 1 or (args.repeat is not None and args.repeat < 1):
@@ -70,7 +82,7 @@ def parse(argv: list[str]) -> Plan:
     return Plan(
         messages=messages,
         repeat=args.repeat or int(sizes["repeat"]),
-        stores=args.stores,
+        stores=args.stores or list(AGAINST_STORES if args.against else STORES),
         out=args.out,
         quick=args.quick,
         rss_messages=args.rss_messages or int(sizes["rss"]),
@@ -79,7 +91,19 @@ def parse(argv: list[str]) -> Plan:
         dynamodb_server=args.dynamodb_server,
         fronts=tuple(dict.fromkeys(args.front)),
         profile=args.profile,
+        against=tuple(dict.fromkeys(args.against)),
     )
+
+
+def refuse_against(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What --against cannot measure yet, refused in one line."""
+    # The other revision's SQL tables and DynamoDB items may differ from this
+    # checkout's, which creates them; its Redis Cluster support may be missing.
+    outside = sorted(set(args.stores or ()) - set(AGAINST_STORES))
+    if outside:
+        parser.error(f"--against measures the Redis store only, not {', '.join(outside)}")
+    if args.front:
+        parser.error("--against measures semel's worker only, not --front")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,14 +11,16 @@ processes and removes its queues and exchanges after.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import sweep
 from bench.backends import Backends
 from bench.broker import Batch, BenchError, Broker
 from bench.children import Child, Group, start_baseline, start_faststream, start_semel
 from bench.probes import percentiles, read_probes, settled_durations
+from bench.revision import Revision
 from semel.settings import LogLevel, Settings
 
 BASELINE = "baseline"
@@ -131,27 +133,75 @@ class Cases:
     async def _drain(
         self, kind: str, settings: Settings, batch: Batch, processes: int, front: str, keys: str
     ) -> Rate:
+        def start(name: str) -> Child:
+            return self._start(kind, name, settings, front=front)
+
+        return await self._timed(settings, batch, keys, start, processes)
+
+    async def _timed(
+        self,
+        settings: Settings,
+        batch: Batch,
+        keys: str,
+        start: Callable[[str], Child],
+        processes: int = 1,
+        others: Revision | None = None,
+    ) -> Rate:
         # Started only now, on a full queue: process start-up and topology are not timed.
-        group = Group(
-            [
-                self._start(kind, f"{settings.queue}.{keys}.{n}", settings, front=front)
-                for n in range(processes)
-            ]
-        )
+        group = Group([start(f"{settings.queue}.{keys}.{n}") for n in range(processes)])
         try:
             drain = await self._broker.time_drain(settings.queue, batch.count, group)
         finally:
             codes = group.stop()
-        await self._check_clean(settings, group.children, codes)
+        await self._check_clean(settings, group.children, codes, others)
         for child in group.children:
             child.discard_log()
         return Rate(batch.count / drain.seconds, drain.cpu_seconds / batch.count * 1e6)
 
+    async def throughput_of(self, revision: Revision, kind: str, messages: int) -> Drains:
+        """:meth:`throughput` with another revision's consumer, one process. That
+        consumer declares its own topology (its queue arguments may differ from this
+        checkout's): it is started once on the empty queues, and stopped once it
+        consumes, before the messages are published."""
+        settings = self._backends.settings(kind, f"{kind}-{revision.label}")
+
+        def start(name: str) -> Child:
+            return revision.start(name, settings, self._logs)
+
+        try:
+            await self._declare_with(settings, start(f"{settings.queue}.declare"), revision)
+            batch = Batch("k", messages)
+            drains = []
+            for keys in ("unique", "duplicates"):  # the second: every key completed already
+                await self._broker.publish(settings.exchange, batch)
+                drains.append(await self._timed(settings, batch, keys, start, others=revision))
+            return Drains(drains[0], drains[1])
+        finally:
+            await sweep.remove(settings.queue)
+
+    async def _declare_with(self, settings: Settings, child: Child, revision: Revision) -> None:
+        group = Group([child])
+        try:
+            await sweep.consuming(settings.queue, child.alive)
+        except BenchError as exc:
+            raise BenchError(f"{exc}; see {child.log}") from None
+        finally:
+            codes = group.stop()
+        await self._check_clean(settings, [child], codes, revision)
+        child.discard_log()
+
     async def _check_clean(
-        self, settings: Settings, children: list[Child], codes: list[int]
+        self,
+        settings: Settings,
+        children: list[Child],
+        codes: list[int],
+        others: Revision | None = None,
     ) -> None:
         """Every consumer exited cleanly and no message is left in any queue."""
-        left = await self._broker.leftovers(settings)
+        if others is None:
+            left = await self._broker.leftovers(settings)
+        else:  # another revision's topology: its queues found by name
+            left = await sweep.leftovers(settings.queue)
         if left or any(codes):
             logs = ", ".join(str(child.log) for child in children)
             raise BenchError(f"{settings.queue}: exit codes {codes}, left {left}; see {logs}")

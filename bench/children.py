@@ -45,12 +45,23 @@ class Child:
     signalled: bool = False
 
     @classmethod
-    def start(cls, name: str, argv: list[str], env: dict[str, str], logs: Path) -> Child:
+    def start(
+        cls,
+        name: str,
+        argv: list[str],
+        env: dict[str, str],
+        logs: Path,
+        *,
+        cwd: Path = ROOT,
+        path: Path = ROOT,
+    ) -> Child:
+        """``path`` is the child's ``PYTHONPATH``: this checkout, unless the child is
+        another revision of semel, which must not import this checkout's code."""
         logs.mkdir(parents=True, exist_ok=True)
         log = logs / f"{name}.log"
-        env = env | {"PYTHONPATH": str(ROOT)}
+        env = env | {"PYTHONPATH": str(path)}
         with log.open("wb") as out:
-            process = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=out, stderr=out)
+            process = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=out)
         return cls(name, process, log)
 
     def alive(self) -> bool:

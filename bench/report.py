@@ -48,9 +48,13 @@ class CaseResult:
     rates: list[float]
     cpu_us_per_message: list[float]  # the consumers' CPU time (user + system) per message
     target: float | None = None
+    revision: str | None = None  # another revision's commit (--against); None: this checkout
     messages_per_s: float = field(init=False)
     cpu_us: float = field(init=False)
     ratio: float | None = None
+    # Each repeat's msg/s over the baseline's of the same repeat, and their median.
+    ratios: list[float] = field(default_factory=list)
+    ratio_median: float | None = None
     # Redis Cluster cases: over semel on one Redis server (same keys and processes).
     ratio_to_redis: float | None = None
     redis_target: float | None = None
@@ -90,17 +94,20 @@ class Results:
 
     def finish(self) -> None:
         """Ratios against the baseline of the same run, and every target's verdict."""
-        baseline = next(c.messages_per_s for c in self.cases if c.consumer == "baseline")
+        bare = next(c for c in self.cases if c.consumer == "baseline")
         for case in self.cases:
-            case.ratio = case.messages_per_s / baseline
+            case.ratio = case.messages_per_s / bare.messages_per_s
+            if len(case.rates) == len(bare.rates):  # one drain of each per repeat
+                case.ratios = [rate / b for rate, b in zip(case.rates, bare.rates, strict=True)]
+                case.ratio_median = statistics.median(case.ratios)
         for case in self.cases:
             if case.store is None or not case.store.startswith(f"{REDIS}-"):
                 continue
             same = [
                 c.messages_per_s
                 for c in self.cases
-                if (c.consumer, c.store, c.keys, c.processes)
-                == (case.consumer, REDIS, case.keys, case.processes)
+                if (c.consumer, c.store, c.keys, c.processes, c.revision)
+                == (case.consumer, REDIS, case.keys, case.processes, case.revision)
             ]
             if same:
                 case.ratio_to_redis = case.messages_per_s / same[0]
@@ -117,7 +124,8 @@ class Results:
             semel = next(
                 c.messages_per_s
                 for c in self.cases
-                if (c.consumer, c.store, c.keys) == ("semel", "dynamodb", "unique")
+                if (c.consumer, c.store, c.keys, c.revision)
+                == ("semel", "dynamodb", "unique", None)
             )
             pt = self.powertools
             pt["semel_messages_per_s"] = semel
@@ -149,8 +157,8 @@ class Results:
             worker = [
                 c.messages_per_s
                 for c in self.cases
-                if (c.consumer, c.store, c.keys, c.processes)
-                == ("semel", case.store, case.keys, case.processes)
+                if (c.consumer, c.store, c.keys, c.processes, c.revision)
+                == ("semel", case.store, case.keys, case.processes, None)
             ]
             if worker:
                 case.ratio_to_worker = case.messages_per_s / worker[0]
@@ -212,6 +220,7 @@ def table(results: Results) -> Table:
         # The long runs are the aio-pika baseline's and the worker's only.
         first_row = case.consumer in ("baseline", "semel")
         first_row = first_row and case.keys == "unique" and case.processes == 1
+        first_row = first_row and case.revision is None
         run = results.long_runs.get(kind) if first_row else None
         p99 = "" if run is None else _verdict(run.get("p99_met"))
         grid.add_row(
@@ -285,6 +294,68 @@ def faststream_table(results: Results) -> Table | None:
     return grid
 
 
+def _figures(values: list[float], form: str) -> str:
+    return " ".join(format(value, form) for value in values)
+
+
+def revisions_table(results: Results) -> Table | None:
+    """With --against: each case on every revision, repeat by repeat; ``None`` otherwise."""
+    against = results.meta.get("against")
+    if not against:
+        return None
+    checkout = against["checkout"]
+    ours = checkout["sha"][:7] + (" + changes to semel/" if checkout["dirty"] else "")
+    names = {r["sha"]: f"{r['ref']} ({r['sha'][:7]})" for r in against["revisions"]}
+    grid = Table(
+        title=f"this checkout ({ours}) against {', '.join(names.values())}",
+        caption="ratio: a drain's msg/s over the bare baseline's in the same repeat; "
+        "÷ this checkout: that revision's msg/s (and CPU µs/msg) over this "
+        "checkout's, repeat by repeat",
+        caption_justify="left",
+    )
+    grid.add_column("case", no_wrap=True)
+    grid.add_column("revision", no_wrap=True)
+    for column in ("ratio, median", "ratio per repeat", "CPU µs/msg", "CPU µs/msg per repeat"):
+        grid.add_column(column, justify="right", no_wrap=True)
+    for case in results.cases:
+        if case.consumer != "semel" or case.revision is not None:
+            continue
+        _revision_row(grid, case, case.case, ours)
+        for sha, name in names.items():
+            twin = (sha, case.store, case.keys, case.processes)
+            for other in results.cases:
+                if (other.revision, other.store, other.keys, other.processes) == twin:
+                    _revision_row(grid, other, "", name)
+                    _over_row(grid, other, case)
+        grid.add_section()
+    return grid
+
+
+def _revision_row(grid: Table, case: CaseResult, title: str, revision: str) -> None:
+    grid.add_row(
+        title,
+        revision,
+        "-" if case.ratio_median is None else f"{case.ratio_median:.3f}",
+        _figures(case.ratios, ".3f"),
+        f"{case.cpu_us:,.0f}",
+        _figures(case.cpu_us_per_message, ",.0f"),
+    )
+
+
+def _over_row(grid: Table, other: CaseResult, case: CaseResult) -> None:
+    """``other``'s msg/s and CPU per message over ``case``'s, repeat by repeat."""
+    over = [o / c for o, c in zip(other.rates, case.rates, strict=True)]
+    cpu = [o / c for o, c in zip(other.cpu_us_per_message, case.cpu_us_per_message, strict=True)]
+    grid.add_row(
+        "",
+        "  ÷ this checkout",
+        f"{statistics.median(over):.3f}",
+        _figures(over, ".3f"),
+        f"{statistics.median(cpu):.3f}",
+        _figures(cpu, ".3f"),
+    )
+
+
 def chart(results: Results, path: Path) -> None:
     """Bars of each semel case's ratio, with its target as a line across the bar; the
     FastStream middleware's over the bare subscriber, when measured."""
@@ -346,9 +417,9 @@ def publish(results: Results, out: Path, console: Console) -> None:
     """Print the table, write results.json and chart.png into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     console.print(table(results))
-    front = faststream_table(results)
-    if front is not None:
-        console.print(front)
+    for extra in (faststream_table(results), revisions_table(results)):
+        if extra is not None:
+            console.print(extra)
     (out / "results.json").write_bytes(results.as_json())
     chart(results, out / "chart.png")
     console.print(f"wrote {out / 'results.json'} and {out / 'chart.png'}")

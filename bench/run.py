@@ -31,6 +31,7 @@ from bench.report import (
     CaseResult,
     Results,
 )
+from bench.revision import Revision, dependency_differences, prepare, this_checkout
 from bench.store_only import store_run
 
 # The local DynamoDB-compatible servers answer tens to hundreds of requests a
@@ -56,6 +57,7 @@ class Plan:
     dynamodb_server: str = "moto"
     fronts: tuple[str, ...] = ()  # besides the worker: "faststream"
     profile: Path | None = None  # the FastStream front's cProfile statistics, one file a drain
+    against: tuple[str, ...] = ()  # other revisions (git refs) measured beside this checkout
 
     def messages_for(self, kind: str) -> int:
         if kind == "dynamodb":
@@ -83,6 +85,10 @@ class Runner:
         self.rates: dict[tuple[str, str, str, int], list[Rate]] = defaultdict(list)
         self.powertools: dict[str, list[float]] = defaultdict(list)
         self.run_id = ""
+        self.others: list[Revision] = []  # with --against
+        self.checkout: dict[str, object] = {}  # this side of the comparison: HEAD and changes
+        # (sha, kind, keys) -> another revision's Rate per repeat
+        self.other_rates: dict[tuple[str, str, str], list[Rate]] = defaultdict(list)
 
     def note(self, text: str) -> None:
         self.console.log(text)
@@ -102,6 +108,28 @@ class Runner:
         self.note(f"[{index + 1}/{plan.repeat}] {store} x2: {rate:,.0f} msg/s")
         if backends.dynamodb_url is not None:
             await self.dynamodb_comparison(backends, index)
+
+    async def repeat_against(self, cases: Cases, index: int) -> None:
+        """The baseline, then on each store this checkout and the other revisions; every
+        other repeat in the reverse order, so that a drift of the machine weighs on all
+        revisions alike over a pair of repeats."""
+        plan = self.plan
+        order: list[tuple[str, Revision | None]] = [(BASELINE, None)]
+        order += [(kind, rev) for kind in plan.stores for rev in (None, *self.others)]
+        for kind, revision in order[:: -1 if index % 2 else 1]:
+            messages = plan.messages_for(kind)
+            if revision is None:
+                self.keep(index, WORKER, kind, await cases.throughput(kind, messages))
+                continue
+            drains = await cases.throughput_of(revision, kind, messages)
+            assert drains.duplicates is not None
+            self.other_rates[(revision.sha, kind, "unique")].append(drains.unique)
+            self.other_rates[(revision.sha, kind, "duplicates")].append(drains.duplicates)
+            self.note(
+                f"[{index + 1}/{plan.repeat}] {kind} @{revision.label}: "
+                f"{drains.unique.per_second:,.0f} msg/s, "
+                f"duplicates {drains.duplicates.per_second:,.0f} msg/s"
+            )
 
     def keep(self, index: int, front: str, kind: str, drains: Drains) -> None:
         self.rates[(front, kind, "unique", 1)].append(drains.unique)
@@ -133,15 +161,25 @@ class Runner:
     async def measure(self) -> Results:
         plan = self.plan
         started = time.monotonic()
+        for ref in plan.against:
+            revision = await asyncio.to_thread(prepare, ref, None, self.note)
+            if revision.sha not in {other.sha for other in self.others}:
+                self.others.append(revision)
+        self.checkout = this_checkout()  # what this side runs, as the run starts
         with Backends(plan.stores, plan.dynamodb_server) as backends:
             self.run_id = backends.run_id
             broker = await Broker.open()
             try:
                 cases = Cases(broker, backends, plan.out / "logs", plan.profile)
                 for index in range(plan.repeat):
-                    await self.repeat(cases, backends, index)
+                    if self.others:
+                        await self.repeat_against(cases, index)
+                    else:
+                        await self.repeat(cases, backends, index)
                 long_runs = {}
-                for kind in [BASELINE, *plan.stores]:
+                # A comparison of revisions is about throughput: no long runs.
+                kinds = [] if self.others else [BASELINE, *plan.stores]
+                for kind in kinds:
                     rate = plan.latency_rate_for(kind)
                     run = await cases.long_run(
                         kind, plan.rss_messages_for(kind), rate, plan.latency_seconds
@@ -182,7 +220,27 @@ class Runner:
             if consumer == FASTSTREAM_SEMEL:
                 case.faststream_target = FASTSTREAM_TARGETS.get((kind, keys))
             results.append(case)
+        for other in self.others:
+            results += self.other_results(other)
         return results
+
+    def other_results(self, other: Revision) -> list[CaseResult]:
+        return [
+            CaseResult(
+                f"semel-{kind}-{keys} @{other.label}",
+                "semel",
+                kind,
+                keys,
+                1,
+                self.plan.messages_for(kind),
+                [drain.per_second for drain in drains],
+                [drain.cpu_us for drain in drains],
+                RATIO_TARGETS.get((kind, keys)),
+                revision=other.sha,
+            )
+            for (sha, kind, keys), drains in self.other_rates.items()
+            if sha == other.sha
+        ]
 
     def meta(self, seconds: float) -> dict[str, object]:
         plan = self.plan
@@ -205,7 +263,26 @@ class Runner:
             "python": platform.python_version(),
             "platform": platform.platform(),
             "seconds": round(seconds, 1),
+            "against": against(self.others, self.checkout) if self.others else None,
         }
+
+
+def against(others: list[Revision], checkout: dict[str, object]) -> dict[str, object]:
+    """The revisions of a comparison, and how their drains were ordered."""
+    return {
+        "checkout": checkout,
+        "revisions": [
+            {
+                "ref": other.ref,
+                "sha": other.sha,
+                "consumer": f"python -m {other.module}",
+                "dependencies_differing": dependency_differences(other),
+            }
+            for other in others
+        ],
+        "order": "baseline, then on each store this checkout and each other revision; "
+        "reversed every other repeat",
+    }
 
 
 def concurrency(fronts: tuple[str, ...]) -> dict[str, str]:
