@@ -31,11 +31,14 @@ FP = "f" * 64
 def sent_operations(store: Store) -> list[str]:
     """The DynamoDB operations ``store`` sends from now on (one per round trip)."""
     sent: list[str] = []
+    dynamodb = cast(DynamoDBStore, store)
+    send = dynamodb._send
 
-    def record(model: Any, **_: Any) -> None:
-        sent.append(model.name)
+    async def record(operation: str, request: dict[str, Any]) -> dict[str, Any]:
+        sent.append(operation)
+        return await send(operation, request)
 
-    cast(DynamoDBStore, store)._client.meta.events.register("before-call.dynamodb", record)
+    dynamodb._send = record
     return sent
 
 

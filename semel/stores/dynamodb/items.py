@@ -16,7 +16,7 @@ worker's clock is not behind the clock of the worker that first claimed the
 key by more than the time between the two: with no server clock, the limit is
 the skew between the workers' clocks.
 
-botocore retries a write whose answer was lost (read timeout, closed
+The client retries a write whose answer was lost (read timeout, closed
 connection) although the first attempt may have been applied. The writes below
 are built so that such a repeat recognises its own earlier success.
 """
@@ -79,7 +79,7 @@ OWNER_CONDITION = "#fence = :fence AND #expires_at > :now_s AND #status = :in_pr
 HEARTBEAT_CONDITION = OWNER_CONDITION + " AND #lease_expires_at > :now_ms"
 # A failed key only, poison included (claims used up, no lease): a completed
 # key stays completed, a claim in hand keeps its lease. The last clause is this
-# very reset repeated by botocore, with no claim in between.
+# very reset repeated by the client, with no claim in between.
 RESET_CONDITION = (
     "attribute_exists(#pk) AND #expires_at > :now_s AND (#status = :failed"
     " OR (#status = :in_progress AND #claims >= :max_claims"
@@ -289,7 +289,7 @@ def decide(
     record = to_record(key, item)
     live = is_live(item, now)
     if live and record.status is Status.IN_PROGRESS and _str(item, "claim_token") == token:
-        return Claim(Outcome.CLAIMED, record)  # our own write, applied before botocore repeated it
+        return Claim(Outcome.CLAIMED, record)  # our own write, met by its repeat
     leased = (_int(item, "lease_expires_at") or 0) > now.ms
     outcome = refused_outcome(record, fingerprint, live=live, leased=leased)
     if outcome is not None:

@@ -8,9 +8,15 @@ return it (dynalite) costs one consistent GetItem more. The item layout, the
 writes and the claim decision live in :mod:`semel.stores.dynamodb.items`, the table
 and its TTL in :mod:`semel.stores.dynamodb.table`.
 
-boto3's client is thread-safe but blocking, so every call runs on a private
-thread pool sized for the deliveries in flight, never on the event loop. What
-fails after botocore's own retries is sorted into the contract's errors by
+The calls made per delivery (claims, completions, leases, reads) go through
+:mod:`semel.stores.dynamodb.wire`, DynamoDB's JSON protocol spoken on the
+event loop, for a fraction of botocore's CPU (``python -m bench.store_only``
+compares the two). boto3 keeps the control plane
+(``migrate``) and the endpoint, region and credentials it resolves, on a
+private thread pool because it blocks; it carries the data plane too where
+the endpoint is reached through a proxy, or where ``open_store`` is asked to.
+Both answer with botocore's exceptions: what fails after the retries is
+sorted into the contract's errors by
 :func:`semel.stores.dynamodb.table.store_error`.
 """
 
@@ -18,20 +24,24 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import boto3
+import botocore.session
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
+from botocore.httpsession import get_cert_path
+from botocore.utils import get_environ_proxies
 
 from semel.stores.base import Claim, Completion, Outcome, Record, Status, Store, StoreConfig
 from semel.stores.dynamodb import items
 from semel.stores.dynamodb import table as dynamodb_table
 from semel.stores.dynamodb.items import Instant, Item, Step, Update
 from semel.stores.dynamodb.table import BACKEND
+from semel.stores.dynamodb.wire import open_data_plane
 from semel.stores.errors import StoreUnavailable
 
 if TYPE_CHECKING:
@@ -39,6 +49,9 @@ if TYPE_CHECKING:
     from mypy_boto3_dynamodb.literals import ReturnValueType as ReturnValue
 
 T = TypeVar("T")
+# One DynamoDB operation by name, its request and its answer as DynamoDB's JSON has them.
+Send = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+DataPlaneClient = Literal["lean", "botocore"]
 
 # An item stops at 400 KB; the rest of the record fits easily in what is left.
 RESULT_LIMIT = 350_000
@@ -64,12 +77,20 @@ class DynamoDBStore(Store):
     result_limit = RESULT_LIMIT
 
     def __init__(
-        self, config: StoreConfig, client: DynamoDBClient, table: str, executor: ThreadPoolExecutor
+        self,
+        config: StoreConfig,
+        client: DynamoDBClient,
+        table: str,
+        executor: ThreadPoolExecutor,
+        send: Send | None = None,
+        close: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(config)
         self._client = client
         self._table = table
         self._executor = executor
+        self._send = send or partial(_botocore_send, client, executor)
+        self._close_send = close
 
     async def call(
         self,
@@ -87,14 +108,31 @@ class DynamoDBStore(Store):
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._executor, request)
-        except ClientError as exc:
-            answered = dynamodb_table.code_of(exc) in answers
-            error = None if answered else dynamodb_table.store_error(exc, self._table, key)
-            if error is None:
-                raise
-            raise error from exc
-        except BotoCoreError as exc:
-            raise dynamodb_table.failure_error(exc) from exc
+        except (ClientError, BotoCoreError) as exc:
+            raise self._sorted(exc, answers, key) from exc
+
+    async def send(
+        self,
+        operation: str,
+        request: dict[str, Any],
+        *,
+        answers: frozenset[str] = frozenset(),
+        key: str | None = None,
+    ) -> dict[str, Any]:
+        """One data-plane call, its failures sorted as :meth:`call` sorts them."""
+        try:
+            return await self._send(operation, request)
+        except (ClientError, BotoCoreError) as exc:
+            raise self._sorted(exc, answers, key) from exc
+
+    def _sorted(
+        self, exc: ClientError | BotoCoreError, answers: frozenset[str], key: str | None
+    ) -> BaseException:
+        if isinstance(exc, BotoCoreError):
+            return dynamodb_table.failure_error(exc)
+        answered = dynamodb_table.code_of(exc) in answers
+        error = None if answered else dynamodb_table.store_error(exc, self._table, key)
+        return exc if error is None else error
 
     def _key(self, key: str) -> Item:
         return {items.PARTITION_KEY: items.string(self.config.namespaced(key))}
@@ -107,37 +145,35 @@ class DynamoDBStore(Store):
         The new item is ``{}`` unless ``returns`` asks for it; the item it hit is
         ``None`` where the server does not return it (dynalite).
         """
-        request = partial(
-            self._client.update_item,
-            TableName=self._table,
-            Key=self._key(key),
-            UpdateExpression=update.expression,
-            ConditionExpression=update.condition,
-            ExpressionAttributeNames=update.names,
-            ExpressionAttributeValues=update.values,
-            ReturnValues=returns,
-            ReturnValuesOnConditionCheckFailure="ALL_OLD",
-        )
+        request = {
+            "TableName": self._table,
+            "Key": self._key(key),
+            "UpdateExpression": update.expression,
+            "ConditionExpression": update.condition,
+            "ExpressionAttributeNames": update.names,
+            "ExpressionAttributeValues": update.values,
+            "ReturnValues": returns,
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
         try:
-            response = await self.call(request, answers=REFUSED, key=key)
+            response = await self.send("UpdateItem", request, answers=REFUSED, key=key)
         except ClientError as exc:
             return None, _held(exc)
         return response.get("Attributes", {}), None
 
     async def _put(self, key: str, item: Item, rule: Update) -> tuple[bool, Item | None]:
         """A PutItem on ``rule``'s condition: ``(True, None)``, or ``(False, the item it hit)``."""
-        request = partial(
-            self._client.put_item,
-            TableName=self._table,
-            Item=item,
-            ConditionExpression=rule.condition,
-            ExpressionAttributeNames=rule.names,
-            ReturnValuesOnConditionCheckFailure="ALL_OLD",
-        )
+        request = {
+            "TableName": self._table,
+            "Item": item,
+            "ConditionExpression": rule.condition,
+            "ExpressionAttributeNames": rule.names,
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
         if rule.values:  # DynamoDB refuses an empty map of values
-            request = partial(request, ExpressionAttributeValues=rule.values)
+            request["ExpressionAttributeValues"] = rule.values
         try:
-            await self.call(request, answers=REFUSED, key=key)
+            await self.send("PutItem", request, answers=REFUSED, key=key)
         except ClientError as exc:
             return False, _held(exc)
         return True, None
@@ -146,14 +182,12 @@ class DynamoDBStore(Store):
         return (await self._write(key, update))[0] is not None
 
     async def _read(self, key: str) -> Item | None:
-        request = partial(
-            self._client.get_item, TableName=self._table, Key=self._key(key), ConsistentRead=True
-        )
-        return (await self.call(request, key=key)).get("Item")
+        request = {"TableName": self._table, "Key": self._key(key), "ConsistentRead": True}
+        return cast("Item | None", (await self.send("GetItem", request, key=key)).get("Item"))
 
     async def claim(self, key: str, fingerprint: str) -> Claim:
         """One PutItem for a new key; any other adds a write or two, re-decided on a lost race."""
-        # Marks this call's writes, so a write botocore repeated is known as ours.
+        # Marks this call's writes, so a write the client repeated is known as ours.
         token = uuid.uuid4().hex
         now = Instant.now()
         pk = self.config.namespaced(key)
@@ -251,9 +285,12 @@ class DynamoDBStore(Store):
         return await dynamodb_table.migrate(self._client, self._table, self.call)
 
     async def ping(self) -> None:
-        await self.call(partial(self._client.describe_table, TableName=self._table))
+        # Through the data plane: the path, and the credentials, every delivery takes.
+        await self.send("DescribeTable", {"TableName": self._table})
 
     async def close(self) -> None:
+        if self._close_send is not None:
+            self._close_send()
         await asyncio.to_thread(self._executor.shutdown, wait=True)
         self._client.close()
 
@@ -266,20 +303,50 @@ def _held(refused: ClientError) -> Item | None:
     return cast("Item | None", cast(dict[str, Any], refused.response).get("Item"))
 
 
+# botocore's name of each data-plane operation's method.
+METHODS = {
+    "PutItem": "put_item",
+    "UpdateItem": "update_item",
+    "GetItem": "get_item",
+    "DescribeTable": "describe_table",
+}
+
+
+async def _botocore_send(
+    client: DynamoDBClient, executor: ThreadPoolExecutor, operation: str, request: dict[str, Any]
+) -> dict[str, Any]:
+    method = getattr(client, METHODS[operation])
+    answer = await asyncio.get_running_loop().run_in_executor(executor, partial(method, **request))
+    return cast(dict[str, Any], answer)
+
+
+def attempts_of(client: DynamoDBClient) -> int:
+    """Every attempt botocore makes at one call, the first included."""
+    retries: dict[str, int] = client.meta.config.retries  # type: ignore[attr-defined]
+    return retries["total_max_attempts"]
+
+
+def read_timeout(deadline: float) -> float:
+    # An answer later than the call's deadline is abandoned by the consumer; the
+    # request waiting for it is dropped soon after (never under the floor: a
+    # loaded server's answers are not to be cut short).
+    return min(READ_TIMEOUT, max(deadline, READ_TIMEOUT_FLOOR))
+
+
 def _client(
-    endpoint_url: str | None, region: str, connections: int, deadline: float
+    session: boto3.session.Session,
+    endpoint_url: str | None,
+    region: str,
+    connections: int,
+    deadline: float,
 ) -> DynamoDBClient:
-    # A session of its own: boto3's default session is shared and not thread-safe.
-    return boto3.session.Session().client(
+    return session.client(
         "dynamodb",
         endpoint_url=endpoint_url,
         region_name=region,
         config=Config(
             connect_timeout=CONNECT_TIMEOUT,
-            # An answer later than the call's deadline is abandoned by the consumer;
-            # the thread waiting for it is freed soon after (never under the
-            # floor: a loaded server's answers are not to be cut short).
-            read_timeout=min(READ_TIMEOUT, max(deadline, READ_TIMEOUT_FLOOR)),
+            read_timeout=read_timeout(deadline),
             retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"},
             max_pool_connections=connections,
             # The requests are built by this module alone, in shapes the tests send
@@ -291,15 +358,39 @@ def _client(
 
 
 async def open_store(
-    *, table: str, endpoint_url: str | None, region: str, connections: int, config: StoreConfig
+    *,
+    table: str,
+    endpoint_url: str | None,
+    region: str,
+    connections: int,
+    config: StoreConfig,
+    data_plane: DataPlaneClient = "lean",
 ) -> Store:
     """The store on ``table``, calling ``connections`` requests at a time at most.
 
-    ``endpoint_url`` is ``None`` for AWS itself. Opening contacts no server, so
-    an outage shows on first use.
+    ``endpoint_url`` is ``None`` for AWS itself. Opening contacts no DynamoDB
+    server, so an outage shows on first use. ``data_plane="botocore"`` sends every call
+    through botocore, as the lean client's yardstick.
     """
     executor = ThreadPoolExecutor(max_workers=connections, thread_name_prefix="dynamodb")
-    client = await asyncio.get_running_loop().run_in_executor(
-        executor, _client, endpoint_url, region, connections, config.call_deadline
+    loop = asyncio.get_running_loop()
+    # A session of its own: boto3's default session is shared and not thread-safe.
+    core = await loop.run_in_executor(executor, botocore.session.Session)
+    session = boto3.session.Session(botocore_session=core)
+    client = await loop.run_in_executor(
+        executor, _client, session, endpoint_url, region, connections, config.call_deadline
     )
-    return DynamoDBStore(config, client, table, executor)
+    endpoint = client.meta.endpoint_url
+    if data_plane == "botocore" or get_environ_proxies(endpoint):
+        return DynamoDBStore(config, client, table, executor)
+    lean = await open_data_plane(
+        endpoint_url=endpoint,
+        region=client.meta.region_name,
+        credentials=await loop.run_in_executor(executor, core.get_credentials),
+        ca_bundle=core.get_config_variable("ca_bundle") or get_cert_path(True),
+        connections=connections,
+        connect_timeout=CONNECT_TIMEOUT,
+        read_timeout=read_timeout(config.call_deadline),
+        attempts=attempts_of(client),
+    )
+    return DynamoDBStore(config, client, table, executor, lean, lean.close)

@@ -56,7 +56,7 @@ NOT_FOUND = frozenset({"ResourceNotFoundException"})
 IN_USE = frozenset({"ResourceInUseException"})
 
 # What the server's errors mean for semel (the contract in semel/stores/base.py). These
-# pass, and botocore has retried them already: throttling, the server's own trouble.
+# pass, and the client has retried them already: throttling, the server's own trouble.
 # Any code not named in this block is taken for one of them too: the consumer
 # waits for the store and loses nothing.
 TRANSIENT = frozenset(
