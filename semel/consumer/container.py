@@ -13,13 +13,14 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dependency_injector import containers, providers
 
 from semel.consumer.broker.connection import open_connection, open_tool_connection
 from semel.consumer.delivery.batching import BatchingStore, batched
+from semel.consumer.delivery.completed_cache import CompletedCache
 from semel.consumer.errors import ConfigurationError
 from semel.consumer.ops.held import held_watcher
 from semel.consumer.ops.httpd import open_operations
@@ -101,6 +102,7 @@ def store_options(settings: Settings) -> StoreOptions:
                 "table": settings.dynamodb_table,
                 "endpoint_url": settings.dynamodb_endpoint_url,
                 "region": settings.dynamodb_region,
+                "data_plane": settings.dynamodb_client.value,
                 **pool,
             },
         ),
@@ -156,16 +158,27 @@ def log_setup(settings: Settings) -> LogSetup:
     return LogSetup(as_json=settings.log_format.value == "json", level=level)
 
 
+def completed_cache_of(settings: Settings) -> CompletedCache | None:
+    """The process's keys known completed; ``None`` when ``SEMEL_COMPLETED_CACHE_SIZE=0``."""
+    if settings.completed_cache_size == 0:
+        return None
+    return CompletedCache(
+        settings.completed_cache_size, settings.completed_cache_ttl, settings.retention
+    )
+
+
 def workers_of(
     backend: str,
     plans: list[QueuePlan],
     connection: Any,
     store: Store,
     metrics: Metrics,
+    completed: CompletedCache | None = None,
 ) -> list[Worker]:
-    """A worker per planned queue, its handlers timed and its deliveries observed.
-    Transactional mode's worker is another class, imported only when selected
-    (it needs psycopg)."""
+    """A worker per planned queue, its handlers timed and its deliveries observed,
+    all sharing ``completed`` (keys live in the one store, whichever queue
+    completed them). Transactional mode's worker is another class, imported
+    only when selected (it needs psycopg)."""
     make: Any = Worker
     if backend == TRANSACTIONAL:
         make = importlib.import_module("semel.consumer.transactional.worker").TransactionalWorker
@@ -180,7 +193,7 @@ def workers_of(
                 routes=routes,
                 observer=observer,
                 config=plan.worker,
-                pipeline=plan.pipeline,
+                pipeline=replace(plan.pipeline, completed=completed),
             )
         )
     return workers
@@ -290,7 +303,12 @@ class Container(containers.DeclarativeContainer):
         metrics.provided.held,
     )
 
-    workers = providers.Factory(workers_of, backend, plans, connection, metered_store, metrics)
+    # The worker's duplicates are answered from here when known completed; the
+    # front doors (semel.consumer.embedded) never use it.
+    completed_cache = providers.Singleton(completed_cache_of, settings)
+    workers = providers.Factory(
+        workers_of, backend, plans, connection, metered_store, metrics, completed_cache
+    )
 
     # The outbox: the writer any transaction stages messages with, and a
     # periodic check a running relay calls with its outbox (None: none).

@@ -58,6 +58,11 @@ MEANINGS: dict[str, str] = {
     "dynamodb_table": ("the DynamoDB store's table"),
     "dynamodb_endpoint_url": ("e.g. a local DynamoDB; `AWS_ENDPOINT_URL_DYNAMODB` also honoured"),
     "dynamodb_region": ("falls back to `AWS_REGION` / `AWS_DEFAULT_REGION`"),
+    "dynamodb_client": (
+        "`lean`: the per-message calls go through semel's own HTTP/1.1 client (about a fifth of "
+        "botocore's CPU); `botocore`: every call through boto3, as `semel migrate` always does. "
+        "An endpoint reached through `HTTP(S)_PROXY` uses botocore either way"
+    ),
     "sqlite_path": ("the SQLite store's database file"),
     "handler": (
         "`package.module:callable`, or `package.module:app` for an app of several handlers (see "
@@ -105,6 +110,18 @@ MEANINGS: dict[str, str] = {
     ),
     "conflict_delay": ("how long an in-progress conflict waits before it is tried again"),
     "max_claims": ("claims of one key without completion before it is treated as poison"),
+    "completed_cache_size": (
+        "keys each worker process remembers as completed (its own completions, and keys a "
+        "claim found completed), so that a copy with the same key and body is ACKed as a "
+        "duplicate without asking the store; about 400 bytes each with 40-character keys "
+        "(100,000: about 40 MB); `0` turns it off. Never a failed key (a replay runs it "
+        "again). A record deleted by hand or lost by the store is still a duplicate here for "
+        "up to `SEMEL_COMPLETED_CACHE_TTL`"
+    ),
+    "completed_cache_ttl": (
+        "how long a key stays in that cache at most; never past its retention in the store "
+        "less 60 s"
+    ),
     "handler_timeout": ("a handler running longer is cancelled and counts as a failed attempt"),
     "shutdown_grace": (
         "on SIGTERM, how long handlers in flight may finish before their claims are released (a"

@@ -128,6 +128,13 @@ class OutboxOrdering(StrEnum):
     PER_KEY = "per-key"  # per key across relays: a key's next message waits for its last
 
 
+class DynamoDBClient(StrEnum):
+    """What sends the DynamoDB store's per-message calls (``SEMEL_DYNAMODB_CLIENT``)."""
+
+    LEAN = "lean"  # semel's own HTTP/1.1 client: about a fifth of botocore's CPU a call
+    BOTOCORE = "botocore"  # boto3's client for every call, as before the lean one
+
+
 class Settings(BaseSettings):
     """semel's whole configuration, read from the environment."""
 
@@ -172,6 +179,9 @@ class Settings(BaseSettings):
     dynamodb_region: str = Field(
         "us-east-1", validation_alias=_env("DYNAMODB_REGION", "AWS_REGION", "AWS_DEFAULT_REGION")
     )
+    # A way back to botocore for every call, should an endpoint or a network
+    # path (a proxy, an unusual TLS set-up) not suit the lean client.
+    dynamodb_client: DynamoDBClient = DynamoDBClient.LEAN
     sqlite_path: str = "./semel.db"
     # No default: a worker that forgot it would acknowledge real messages with
     # the bundled example. `semel consume` refuses to start without it; the
@@ -194,6 +204,10 @@ class Settings(BaseSettings):
     max_attempts: int = Field(5, ge=1)
     conflict_delay: Seconds = 5.0
     max_claims: int = Field(10, ge=1)
+    # Keys known completed, kept by each worker process so that most duplicates
+    # are ACKed without a store call (semel.consumer.delivery.completed_cache).
+    completed_cache_size: int = Field(100_000, ge=0)
+    completed_cache_ttl: Seconds = 300.0
     handler_timeout: Seconds = 300.0
     shutdown_grace: Seconds = 30.0
     broker_give_up: Seconds = 300.0

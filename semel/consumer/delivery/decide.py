@@ -113,6 +113,7 @@ class Ack:
     """Done with the message: processed now, or before."""
 
     outcome: Outcome = Outcome.COMPLETED
+    cached: bool = False  # a duplicate the worker's cache of completed keys answered
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +178,8 @@ Copied = Retry | DeadLetter | Detour  # the decisions that re-publish a copy bef
 
 MISMATCH_ERROR = "key already used with a different body"
 SHUTDOWN = Requeue("shutdown", outcome=Outcome.SHUTDOWN, store_down=False)
+# A duplicate answered without the store (semel.consumer.delivery.completed_cache).
+CACHED_DUPLICATE = Ack(Outcome.DUPLICATE, cached=True)
 
 
 def decide_bad_message(bad: BadMessage) -> DeadLetter:

@@ -17,7 +17,9 @@ from typing import Any, Protocol
 
 import structlog
 
+from semel.consumer.delivery.completed_cache import CompletedCache, Known
 from semel.consumer.delivery.decide import (
+    CACHED_DUPLICATE,
     SHUTDOWN,
     Ack,
     Applied,
@@ -98,6 +100,10 @@ class PipelineConfig:
     lock_ttl: float
     in_flight: int = 256  # deliveries at the store at once while it answers quickly
     log_acks: bool = False  # an ACKed delivery's line is at debug: below that, not even built
+    # Keys known completed, shared by a process's pipelines (one store); None:
+    # every delivery asks the store. The front doors keep None: their duplicate
+    # answers the stored result, which the cache does not hold.
+    completed: CompletedCache | None = None
 
 
 class Pipeline:
@@ -139,11 +145,21 @@ class Pipeline:
                 return await self._settle(delivery, Detour())
             if isinstance(parsed, BadMessage):
                 return await self._settle(delivery, decide_bad_message(parsed))
+            if (known := self._known(parsed)) is not None:
+                # Completed, with this very body: what the store would answer. No
+                # claim, so no admission either: nothing goes to the store.
+                delivery.fence = known.fence
+                return await self._settle(delivery, CACHED_DUPLICATE)
             admitted_at = await self._pressure.admit()
             try:
                 return await self._claimed(delivery, parsed)
             finally:
                 self._pressure.leave(admitted_at)
+
+    def _known(self, parsed: Parsed) -> Known | None:
+        """The cache's entry that makes ``parsed`` a duplicate; ``None``: ask the store."""
+        completed = self._config.completed
+        return None if completed is None else completed.answer(parsed.key, parsed.fingerprint)
 
     def concluding(self, task: asyncio.Task[Any]) -> bool:
         """Whether ``task``'s handler has ended and its outcome is being recorded and
@@ -188,6 +204,8 @@ class Pipeline:
         except StoreError as exc:
             return decide_store_error(exc)
         delivery.fence = claimed.claim.fence
+        if self._config.completed is not None:
+            self._config.completed.learn(parsed.key, claimed.claim)
         self._observer.claimed(claimed.claim, delivery.facts.attempt)
         step = decide_after_claim(claimed.claim)
         if not isinstance(step, Run):
@@ -229,14 +247,14 @@ class Pipeline:
             self._conclude()
             return await self._record_failure(delivery, renewal, exc)
         self._conclude()
-        return await self._record_success(lease, result)
+        return await self._record_success(lease, parsed.fingerprint, result)
 
     def _conclude(self) -> None:
         """The handler has ended: from here a stop lets the delivery finish."""
         if (task := asyncio.current_task()) is not None:
             self._concluding.add(task)
 
-    async def _record_success(self, lease: Lease, result: Any) -> Settle:
+    async def _record_success(self, lease: Lease, fingerprint: str, result: Any) -> Settle:
         stored_form = storable(self._store, lease.key, result)
         sent_at = time.monotonic()
         try:
@@ -244,6 +262,8 @@ class Pipeline:
         except StoreError as exc:  # refused for good, or a store not set up for semel
             return decide_store_error(exc)
         self._pressure.answered(time.monotonic() - sent_at)
+        if stored and self._config.completed is not None:
+            self._config.completed.completed(lease.key, fingerprint, lease.fence, sent_at)
         return decide_after_success(stored)
 
     async def _record_failure(self, delivery: Delivery, renewal: Renewal, exc: Exception) -> Settle:
@@ -346,6 +366,8 @@ class Pipeline:
         }
         if isinstance(decision, DeadLetter):
             fields["reason"] = decision.reason.value
+        elif isinstance(decision, Ack) and decision.cached:
+            fields["cached"] = True  # answered by the worker's cache: the store was not asked
         error = None if isinstance(decision, Ack) else decision.error
         if error:
             fields["error"] = error  # exception text, never the body

@@ -8,11 +8,11 @@ evicted) is still answered from here until then.
 
 from __future__ import annotations
 
-import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+from semel.consumer.delivery.completed_cache import Lru
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,27 +27,9 @@ class Completed:
     until: float  # monotonic seconds after which the entry is dropped
 
 
-class CompletedKeys:
-    """At most ``size`` entries, the least recently used dropped first; 0 keeps none."""
+class CompletedKeys(Lru[Completed]):
+    """At most ``size`` entries, the least recently used dropped first; 0 keeps none.
 
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._entries: OrderedDict[str, Completed] = OrderedDict()
-
-    def get(self, key: str) -> Completed | None:
-        entry = self._entries.get(key)
-        if entry is None:
-            return None
-        if entry.until <= time.monotonic():
-            del self._entries[key]
-            return None
-        self._entries.move_to_end(key)
-        return entry
-
-    def put(self, key: str, entry: Completed) -> None:
-        if self.size <= 0:
-            return
-        self._entries[key] = entry
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.size:
-            self._entries.popitem(last=False)
+    The worker's cache of completed keys is the same LRU with smaller entries:
+    it needs no stored result, since its duplicates are only ACKed.
+    """
