@@ -89,8 +89,15 @@ async def test_a_key_in_conflict_30_times_is_neither_dropped_nor_dead_lettered(
         await eventually(lambda: status_is(store, "held", Status.COMPLETED), 30, "held completed")
 
         async def acked_as_duplicate() -> bool:
-            # The copy comes back from the conflict queue once more.
-            return counting.claims["held"][-1] is Outcome.DUPLICATE
+            # The copy comes back from the conflict queue once more, and is a
+            # duplicate: answered by the store, or by the worker's cache of the
+            # keys it completed (then it is not claimed again).
+            if counting.claims["held"][-1] is Outcome.DUPLICATE:
+                return True
+            cached = consumer.container.metrics().registry.get_sample_value(
+                "semel_duplicates_cached_total"
+            )
+            return cached == 1
 
         await eventually(acked_as_duplicate, 15, "the copy acked as a duplicate")
         await finished(consumer, broker, settings, dead_letters=0)

@@ -95,6 +95,7 @@ def test_every_series_exists_at_zero_before_any_message() -> None:
         assert value("semel_fence_rejections_total", {"operation": operation}) == 0
     for name in (
         "semel_lease_takeovers_total",
+        "semel_duplicates_cached_total",
         "semel_broker_reconnects_total",
         "semel_broker_failovers_total",
     ):

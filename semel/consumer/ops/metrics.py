@@ -28,7 +28,7 @@ from prometheus_client import (
 )
 
 from semel.consumer.broker.connection import ClusterConnection
-from semel.consumer.delivery.decide import Applied, DeadLetter, Result, Settle, is_takeover
+from semel.consumer.delivery.decide import Ack, Applied, DeadLetter, Result, Settle, is_takeover
 from semel.consumer.delivery.facts import Delivery
 from semel.consumer.delivery.handler import Context, Handler, is_async
 from semel.consumer.delivery.message import Incoming
@@ -123,6 +123,12 @@ class Metrics:
             "semel_lease_takeovers_total",
             "Claims granted over an earlier claim of the key that was abandoned "
             "(its worker died, stalled past the lease or was cut short).",
+            registry=r,
+        )
+        self.duplicates_cached = Counter(
+            "semel_duplicates_cached_total",
+            "Duplicates ACKed from the worker's cache of keys known completed, without "
+            "a store call (also counted in semel_messages_total as duplicate).",
             registry=r,
         )
         rejections = Counter(
@@ -279,3 +285,5 @@ class MetricsObserver(Observer):
             self._metrics.dead_letters[decision.reason].inc()
         else:
             self._metrics.outcomes[result].inc()
+            if isinstance(decision, Ack) and decision.cached:
+                self._metrics.duplicates_cached.inc()
