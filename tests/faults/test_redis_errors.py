@@ -516,3 +516,23 @@ async def test_every_single_key_call_refuses_a_foreign_key(
     client = server.client
     value = await (client.get(foreign) if kind == "string" else client.lindex(foreign, 0))
     assert value == b"not semel's"
+
+
+@pytest.mark.timeout(30)
+async def test_a_wait_cut_short_by_a_failover_is_unavailable(start_redis: StartRedis) -> None:
+    # A primary demoted while a write's WAIT is blocked (a planned failover of
+    # Redis Cluster, REPLICAOF) answers the blocked client UNBLOCKED: the write
+    # may or may not have reached a replica, as when a connection is lost.
+    server = await start_redis()
+    config = StoreConfig(key_prefix="t" + uuid.uuid4().hex[:12])
+    store = await open_store(url=server.url(), connections=4, config=config, replicas_ack=1)
+    server.stores.append(store)
+    claim = asyncio.ensure_future(store.claim("k", FP))  # no replica: its WAIT blocks
+
+    async def blocked() -> bool:
+        return int((await server.client.info("clients"))["blocked_clients"]) >= 1
+
+    await until(blocked, "the claim's WAIT is blocked")
+    await server.client.replicaof("127.0.0.1", str(free_port()))
+    with pytest.raises(StoreUnavailable, match="UNBLOCKED"):
+        await claim

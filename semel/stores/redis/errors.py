@@ -9,7 +9,8 @@ their code:
 - passes: lost connections and timeouts, a full server (``OOM``), failing
   snapshots (``MISCONF``), a replica (``READONLY``, ``MASTERDOWN``),
   ``LOADING``, a long script (``BUSY``), too few replicas (``NOREPLICAS``,
-  or a ``WAIT`` not met: :class:`NotReplicated`), a resharding or failing
+  or a ``WAIT`` not met: :class:`NotReplicated`, or cut short by a failover:
+  ``UNBLOCKED``), a resharding or failing
   cluster (``TRYAGAIN``, ``CLUSTERDOWN``, and under ``redis+cluster://``
   ``MOVED`` / ``ASK`` still answered after the redirections the store
   follows): :class:`StoreUnavailable`, the consumer waits and loses nothing;
@@ -84,6 +85,9 @@ _PASSING = (
 _PASSING_CODES = frozenset(
     {"OOM", "MISCONF", "BUSY", "LOADING", "NOREPLICAS", "READONLY", "MASTERDOWN"}
     | {"TRYAGAIN", "CLUSTERDOWN"}  # a cluster resharding or failing over
+    # A WAIT cut short by a failover (the primary became a replica): the write
+    # may or may not have reached a replica, as with a lost connection.
+    | {"UNBLOCKED"}
 )
 _CLUSTER_CODES = frozenset({"MOVED", "ASK", "CROSSSLOT"})
 _REDIRECT_CODES = frozenset({"MOVED", "ASK"})
