@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, cast
 
 import boto3
 import botocore.session
@@ -109,7 +109,7 @@ class DynamoDBStore(Store):
         try:
             return await loop.run_in_executor(self._executor, request)
         except (ClientError, BotoCoreError) as exc:
-            raise self._sorted(exc, answers, key) from exc
+            self._raise_sorted(exc, answers, key)
 
     async def send(
         self,
@@ -123,16 +123,20 @@ class DynamoDBStore(Store):
         try:
             return await self._send(operation, request)
         except (ClientError, BotoCoreError) as exc:
-            raise self._sorted(exc, answers, key) from exc
+            self._raise_sorted(exc, answers, key)
 
-    def _sorted(
+    def _raise_sorted(
         self, exc: ClientError | BotoCoreError, answers: frozenset[str], key: str | None
-    ) -> BaseException:
+    ) -> NoReturn:
+        """Raise the contract's error ``exc`` stands for; ``exc`` itself when it is none
+        (an answer the caller reads, such as a refused condition)."""
         if isinstance(exc, BotoCoreError):
-            return dynamodb_table.failure_error(exc)
+            raise dynamodb_table.failure_error(exc) from exc
         answered = dynamodb_table.code_of(exc) in answers
         error = None if answered else dynamodb_table.store_error(exc, self._table, key)
-        return exc if error is None else error
+        if error is None:
+            raise exc
+        raise error from exc
 
     def _key(self, key: str) -> Item:
         return {items.PARTITION_KEY: items.string(self.config.namespaced(key))}
