@@ -55,8 +55,10 @@ PYTEST_WORKERS ?= 2
 # slow store's (no lease may lapse while three workers wait on a slow proxy).
 # Beside four busy test workers on two cores, a process can go without the
 # CPU for longer than a lease or a tick, which is not what they test. The
-# outbox chaos test (private servers, processes killed on a timeline) too.
-SERIAL_TESTS = tests/cluster tests/faults/test_slow_store.py tests/outbox_chaos/test_outbox_chaos.py
+# outbox chaos test (private servers, processes killed on a timeline) and the
+# DLQ kill test (commands SIGKILLed at random moments) too.
+SERIAL_TESTS = tests/cluster tests/faults/test_slow_store.py tests/outbox_chaos/test_outbox_chaos.py \
+	tests/tools/test_dlq_kill.py
 # What `make test` runs: the whole suite. CI's fresh machine (.ci/fresh-machine)
 # narrows it to the tests of what that machine installs itself; the serial
 # phase then runs only with the whole suite.
@@ -71,7 +73,8 @@ RABBITMQ4_TESTS ?= tests/consumer tests/tools tests/ops/test_readiness.py tests/
 
 test-rabbitmq4: services
 	$(BIN)/python -m tests.rabbitmq4
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --rabbitmq 4 $(RABBITMQ4_TESTS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --rabbitmq 4 \
+		--ignore=tests/tools/test_dlq_kill.py $(RABBITMQ4_TESTS)
 
 clean:
 	rm -rf $(VENV) .cache .mypy_cache .ruff_cache .pytest_cache semel.db*

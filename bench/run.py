@@ -185,7 +185,8 @@ class Runner:
                         kind, plan.rss_messages_for(kind), rate, plan.latency_seconds
                     )
                     long_runs[kind] = asdict(run) | {"latency_rate": rate}
-                    rss = f"{run.rss_first_mb:.0f} → {run.rss_second_mb:.0f} MB"
+                    figures = (run.rss_first_mb, run.rss_second_mb, run.rss_third_mb)
+                    rss = " → ".join(f"{mb:.0f}" for mb in figures) + " MB"
                     self.note(f"long run {kind}: RSS {rss}")
             finally:
                 await broker.close()

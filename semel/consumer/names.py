@@ -32,6 +32,15 @@ H_DEAD_LETTERED_AT = "x-semel-dead-lettered-at"
 # When a copy was published to a delay queue, in epoch milliseconds: it is due
 # back in Q one queue delay later (see semel.consumer.broker.delays).
 H_PARKED_AT = "x-semel-parked-at"
+# A dead letter's own id, the same on every copy a turn of the DLQ makes of it
+# (semel.consumer.broker.turn), and what the DLQ commands record about it.
+H_LETTER_ID = "x-semel-letter-id"
+H_REPLAYS = "x-semel-replays"  # how many times this message was replayed from the DLQ
+H_ARCHIVED_AT = "x-semel-archived-at"  # archived by semel dlq archive (ISO 8601)
+H_ARCHIVE_NOTE = "x-semel-archive-note"
+H_EDITED_FROM = "x-semel-edited-from"  # imported: the id of the letter this one replaces
+# The turn that made a copy: a turn meeting its own copy has gone round the queue.
+H_TURN = "x-semel-turn"
 SEMEL_HEADER_PREFIX = "x-semel-"
 # Broker-written headers that must never be copied onto a re-published message.
 BROKER_HEADERS = (

@@ -9,6 +9,7 @@ DEFAULT_NOTES: dict[str, str] = {
     "prefetch": "`256` (`32` in transactional mode)",
     "dynamodb_endpoint_url": "unset (AWS)",
     "handler": "required",
+    "dlq_archive_retention": "`14d`",
     "management_url": (
         "unset (`semel queues`: the first `SEMEL_AMQP_URL` host, port 15672, "
         "same credentials and vhost)"
@@ -130,6 +131,11 @@ MEANINGS: dict[str, str] = {
     ),
     "broker_give_up": (
         "exit 1 (for the supervisor to restart) when the broker stays away this long"
+    ),
+    "dlq_archive_retention": (
+        "how long an archived dead letter stays in the DLQ, from when it was archived "
+        "(`semel dlq archive`); then the broker drops it. Seconds, or a number with a unit: "
+        "`90m`, `2h`, `3d`, `1w`; at most `3650d` (the broker refuses a longer message expiration)"
     ),
     "metrics_port": ("Prometheus metrics and health endpoints; `0` turns it off"),
     "management_url": (

@@ -8,6 +8,7 @@ One field, one environment variable. Fallback variables that platforms set
 
 from __future__ import annotations
 
+from datetime import timedelta
 from enum import StrEnum
 from typing import Annotated
 from urllib.parse import urlsplit
@@ -17,6 +18,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from semel.settings.amqp import amqp_addresses as parse_addresses
 from semel.settings.consistency import PREFIX, TRANSACTIONAL_CONNECTIONS, contradiction, retry_chain
+from semel.settings.durations import MessageTtl
 
 __all__ = [
     "PREFIX",
@@ -211,6 +213,9 @@ class Settings(BaseSettings):
     handler_timeout: Seconds = 300.0
     shutdown_grace: Seconds = 30.0
     broker_give_up: Seconds = 300.0
+    # An archived dead letter leaves the DLQ this long after it was archived
+    # (semel dlq archive; semel.consumer.broker.letter_manage).
+    dlq_archive_retention: MessageTtl = timedelta(days=14)
     metrics_port: int = Field(9464, ge=0, le=65535)
     # The management API, for `semel queues` and semel_queue_messages_dlx; a
     # worker asks it only when this is set (the plugin may not run).

@@ -251,7 +251,7 @@ class Store(abc.ABC):
         """The key's record, or ``None`` when absent or past retention."""
 
     @abc.abstractmethod
-    async def reset(self, key: str) -> bool:
+    async def reset(self, key: str, fingerprint: str | None = None) -> bool:
         """Forget a failed key's outcome so it runs again (DLQ replay).
 
         Only a failed key is reset, poison included (marked failed, or in
@@ -260,6 +260,12 @@ class Store(abc.ABC):
         duplicate, and a claim in hand keeps its lease. The fence is kept
         where the backend can keep it, so fences stay monotonic for
         downstream systems. ``False`` when the key is absent or not failed.
+
+        ``fingerprint``, when given, replaces the record's in the same write:
+        the key then runs again with an edited body (a dead letter fixed by
+        hand and replayed under its key), and a claim with the old body is
+        the mismatch. ``None`` keeps the record's. A key not reset keeps its
+        fingerprint whatever is given.
         """
 
     @abc.abstractmethod
@@ -345,8 +351,8 @@ class DelegatingStore(Store):
     async def get(self, key: str) -> Record | None:
         return await self.inner.get(key)
 
-    async def reset(self, key: str) -> bool:
-        return await self.inner.reset(key)
+    async def reset(self, key: str, fingerprint: str | None = None) -> bool:
+        return await self.inner.reset(key, fingerprint)
 
     async def migrate(self) -> list[str]:
         return await self.inner.migrate()

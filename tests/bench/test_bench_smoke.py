@@ -68,6 +68,7 @@ def test_quick_run_measures_every_case(
     for run in results["long_runs"].values():
         assert run["rss_first_mb"] > 0
         assert run["rss_second_mb"] > 0
+        assert run["rss_third_mb"] > 0
         assert run["publish_to_handler"]["p99_ms"] > 0
         assert run["delivery_to_ack"]["p99_ms"] > 0
     assert (out / "chart.png").stat().st_size > 0

@@ -75,9 +75,9 @@ class FaultyStore(Store):
         self._check()
         return await self.inner.get(key)
 
-    async def reset(self, key: str) -> bool:
+    async def reset(self, key: str, fingerprint: str | None = None) -> bool:
         self._check()
-        return await self.inner.reset(key)
+        return await self.inner.reset(key, fingerprint)
 
     async def migrate(self) -> list[str]:
         return await self.inner.migrate()

@@ -229,14 +229,16 @@ async def test_a_delay_message_handed_back_often_is_published_anew_not_dropped(
     returned = await broker.return_times(names.conflict_queue, DELIVERY_LIMIT - 1)
     assert returned == DELIVERY_LIMIT - 1
 
-    async def taken() -> bool:
-        return await broker.depth(names.conflict_queue) == 0
+    async def conflict_depth_is(count: int) -> bool:
+        return await broker.depth(names.conflict_queue) == count
 
     for _ in range(2):  # workers stopping with it in hand: past the limit without a copy
         consumer = await start_consumer(held)
-        await eventually(taken, 20, "held by the worker")
+        await eventually(lambda: conflict_depth_is(0), 20, "held by the worker")
         assert await consumer.finish() == 0
-        assert await broker.depth(names.conflict_queue) == 1
+        # A quorum queue takes back what a closed channel held a moment after
+        # the close (RabbitMQ 4.0: about one close in twenty), so it is polled for.
+        await eventually(lambda: conflict_depth_is(1), 20, "handed back, not dropped")
     consumer = await start_consumer(consumer_settings(conflict_delay=0.2))
     await eventually(lambda: status_is(store, "worn", Status.COMPLETED), 20, "worn completed")
     await finished(consumer, broker, held, dead_letters=0)

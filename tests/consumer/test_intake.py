@@ -4,6 +4,7 @@ through a channel error, a consumer cancelled by the broker, and a pause."""
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
@@ -289,3 +290,65 @@ async def test_settling_on_a_channel_that_closed_is_refused_and_the_connection_l
     await redelivered.ack()
     assert not connection.is_closed
     await intake.pause()
+
+
+async def _depth(connection: AbstractRobustConnection, queue: str) -> int:
+    channel = await connection.channel()
+    try:
+        declared = await channel.declare_queue(queue, passive=True)
+        count = declared.declaration_result.message_count
+        assert count is not None
+        return count
+    finally:
+        await channel.close()
+
+
+async def test_coalesced_acks_on_the_broker_leave_exactly_the_unsettled(
+    connection: AbstractRobustConnection, queue: str
+) -> None:
+    """200 deliveries, ACKed in a shuffled order in bursts, a few handed back and
+    a few never settled: once the channel closes, the queue holds the handed-back
+    and the unsettled, and nothing else."""
+    publisher = await connection.channel()
+    for n in range(200):
+        await publisher.default_exchange.publish(aio_pika.Message(b"%d" % n), routing_key=queue)
+    await publisher.close()
+
+    got: list[AmqpDelivery] = []
+    all_in = asyncio.Event()
+
+    async def take(delivery: AmqpDelivery) -> None:
+        got.append(delivery)
+        if len(got) == 200:
+            all_in.set()
+
+    channel = await connection.channel()
+    await channel.set_qos(prefetch_count=300)
+    intake = Intake(channel, queue, take, coalesce=True)
+    await intake.resume()
+    await asyncio.wait_for(all_in.wait(), 30)
+    # No consumer from here on: what is handed back stays in the queue.
+    await intake.pause()
+    rng = random.Random(7)
+    order: list[Any] = list(got)
+    rng.shuffle(order)
+    kept, handed_back = order[:10], order[10:20]
+    for n, delivery in enumerate(order[20:]):
+        await delivery.ack()
+        if n % 7 == 0:
+            await asyncio.sleep(0)
+    for delivery in handed_back:
+        await delivery.nack(requeue=True)
+    await intake.settled()
+
+    async def ten_back() -> bool:
+        return await _depth(connection, queue) == 10  # the handed back; ten still held
+
+    await eventually(ten_back, 10.0, "the ten handed back in the queue")
+    await channel.close()  # the ten held go back with the channel
+
+    async def all_back() -> bool:
+        return await _depth(connection, queue) == 20
+
+    await eventually(all_back, 10.0, "the ten held back with the channel")
+    assert len({d.body for d in kept + handed_back}) == 20

@@ -63,7 +63,7 @@ class ScriptedStore(Store):
         self._check()
         return None
 
-    async def reset(self, key: str) -> bool:
+    async def reset(self, key: str, fingerprint: str | None = None) -> bool:
         self._check()
         return False
 

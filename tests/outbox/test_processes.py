@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +17,15 @@ import orjson
 import psycopg
 import pytest
 from psycopg import sql
+from yarl import URL
 
 from semel import Semel
 from semel.settings import Settings
 from tests.conftest import SettingsFactory, settings_env
 from tests.consumer.harness import Broker, ConsumerProcess, processes
 from tests.outbox.conftest import count_rows, eventually, received, stage_one
-from tests.servers import ROOT
+from tests.proxy import TcpProxy
+from tests.servers import ROOT, free_port
 from tests.transactional.conftest import Downstream
 
 pytestmark = pytest.mark.timeout(180)
@@ -45,6 +48,15 @@ def relay_process(settings: Settings, log: Path) -> ConsumerProcess:
             stderr=subprocess.STDOUT,
         )
     return process
+
+
+def running(relay: ConsumerProcess) -> Callable[[], Awaitable[bool]]:
+    """Whether ``relay`` says it relays: it stops on SIGTERM from then on."""
+
+    async def check() -> bool:
+        return "relaying" in relay.output()
+
+    return check
 
 
 async def run_stagers(settings: Settings, prefix: str) -> list[list[Any]]:
@@ -88,6 +100,8 @@ async def test_several_relays_publish_each_committed_message_once(
         assert len(committed) == STAGERS * PER_STAGER * 4 // 5
         messages = await received(downstream, len(committed), within=60.0)
         messages += await downstream.drain(settle=1.0)  # any second copy
+        for relay in relays:  # one still starting up would die of SIGTERM itself
+            await eventually(running(relay), 60.0, "every relay running")
         for relay in relays:
             relay.signal(signal.SIGTERM)
         codes = [await relay.wait(30) for relay in relays]
@@ -118,6 +132,38 @@ async def test_semel_relay_publishes_and_stops_on_sigterm(
         relay.signal(signal.SIGTERM)
         assert await relay.wait(30) == 0, relay.output()
     assert message.message_id == message_id
+
+
+async def test_semel_relay_stops_in_time_with_its_servers_stalled(
+    outbox_settings: SettingsFactory, table: str, tmp_path: Path
+) -> None:
+    """PostgreSQL and the broker stop answering, connections open: the relay's pass,
+    the closes of its channel, pool and connection would each wait on them. Each
+    is cut short in its time, naming itself, and SIGTERM still ends the relay."""
+    settings = outbox_settings()
+    dsn, amqp = URL(settings.postgres_dsn), URL(settings.amqp_url)
+    postgres = await TcpProxy(dsn.port or 5432, free_port()).start()
+    broker = await TcpProxy(amqp.port or 5672, free_port()).start()
+    stalled = outbox_settings(
+        postgres_dsn=str(dsn.with_host("127.0.0.1").with_port(postgres.port)),
+        amqp_url=str(amqp.with_host("127.0.0.1").with_port(broker.port)),
+    )
+    try:
+        with processes() as started:
+            relay = relay_process(stalled, tmp_path / "relay.log")
+            started.append(relay)
+            await eventually(running(relay), 60.0, "the relay running")
+            await asyncio.sleep(0.5)  # its first pass is over
+            postgres.stall()
+            broker.stall()
+            await asyncio.sleep(1.5)  # a sweep is under way, stuck on the database
+            relay.signal(signal.SIGTERM)
+            assert await relay.wait(30) == 0, relay.output()
+            steps = [line for line in relay.output().splitlines() if "cut short" in line]
+        assert any("the outbox relay's pass" in line for line in steps), steps
+    finally:
+        await postgres.close()
+        await broker.close()
 
 
 async def test_semel_relay_without_its_table_says_how_to_fix_it(

@@ -143,8 +143,14 @@ async def dead_letter(
     *,
     attempts: int = 5,
     age: timedelta = timedelta(minutes=3),
+    routing_key: str = "order.paid",
+    exchange: str | None = None,
 ) -> None:
-    """Put a dead letter in Q.dlq the way the consumer does: confirmed, through Q.dlx."""
+    """Put a dead letter in Q.dlq the way the consumer does: confirmed, through Q.dlx.
+
+    ``routing_key`` and ``exchange`` (``settings.exchange`` unless given) are the
+    producer's route it records.
+    """
     now = datetime.now(UTC)
     message = aio_pika.Message(
         json.dumps({"event": "order.paid", "order_id": key, "amount": 1}).encode(),
@@ -160,8 +166,8 @@ async def dead_letter(
             names.H_ERROR: f"RuntimeError: payment service said no to {key} " + "x" * 200,
             names.H_ATTEMPTS: attempts,
             names.H_KEY: key,
-            names.H_ORIGINAL_EXCHANGE: settings.exchange,
-            names.H_ORIGINAL_ROUTING_KEY: "order.paid",
+            names.H_ORIGINAL_EXCHANGE: settings.exchange if exchange is None else exchange,
+            names.H_ORIGINAL_ROUTING_KEY: routing_key,
             names.H_FIRST_SEEN: (now - age - timedelta(seconds=30)).isoformat(),
             names.H_DEAD_LETTERED_AT: (now - age).isoformat(timespec="milliseconds"),
             "x-death": [{"queue": settings.queue, "reason": "rejected", "count": 1}],

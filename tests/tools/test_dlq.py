@@ -15,7 +15,7 @@ from aiormq.exceptions import ChannelNotFoundEntity, DeliveryError
 
 from semel.consumer import names
 from semel.consumer.broker import dead_letters as dlq
-from semel.consumer.broker import topology
+from semel.consumer.broker import letter_runs, topology
 from semel.consumer.names import Reason, Topology
 from semel.consumer.plan import topology_of
 from semel.settings import Settings
@@ -51,40 +51,6 @@ async def failed_key(store: Store, key: str) -> None:
     assert (await store.claim(key, FINGERPRINT)).outcome is Outcome.FAILED
 
 
-LISTINGS = 25  # more than RabbitMQ 4's default delivery limit of 20
-
-
-@pytest.mark.usefixtures("declared")
-async def test_listing_again_and_again_never_wears_out_a_dead_letter(
-    settings: Settings, channel: AbstractChannel
-) -> None:
-    """Every listing hands the dead letters back, and RabbitMQ 4.0 counts each
-    return against the DLQ's delivery limit: without the refresh, about 21
-    listings silently emptied ``Q.dlq``."""
-    dlq_name = Topology(settings.queue).dead_letter_queue
-    keys = [f"k-{n}" for n in range(3)]
-    for key in keys:
-        await dead_letter(channel, settings, key, Reason.MAX_ATTEMPTS)
-    await wait_for_depth(channel, dlq_name, len(keys))
-    for listing in range(LISTINGS):
-        done = await semel(settings, "dlq", "list", "--json")
-        assert done.code == 0, done.stderr
-        shown = json.loads(done.stdout)
-        assert shown["depth"] == len(keys), f"listing {listing + 1}: {shown['depth']} left"
-        assert sorted(row["key"] for row in shown["dead_letters"]) == keys
-    # What a refresh keeps: the headers semel wrote and the producer's properties.
-    queue = await channel.get_queue(dlq_name, ensure=False)
-    letters = [await queue.get(timeout=5) for _ in keys]
-    for letter in letters:
-        headers = letter.headers or {}
-        entry = dlq.read_entry(letter)
-        assert entry.reason == Reason.MAX_ATTEMPTS.value
-        assert headers["x-trace"] == "keep-me"
-        assert letter.correlation_id == f"corr-{entry.key}"
-        assert names.returns(headers) < names.RETURNS_BEFORE_DETOUR
-        await letter.ack()
-
-
 @pytest.mark.usefixtures("declared")
 async def test_list_shows_dead_letters_and_leaves_the_dlq_as_it_was(
     settings: Settings, channel: AbstractChannel
@@ -107,11 +73,13 @@ async def test_list_shows_dead_letters_and_leaves_the_dlq_as_it_was(
     assert rows["k-1"]["error"].startswith("RuntimeError: payment service")
     assert 170 < rows["k-1"]["age_seconds"] < 600
     assert rows["k-3"]["age_seconds"] > 7000
+    assert {(row["replays"], row["archived_at"]) for row in rows.values()} == {(0, None)}
+    assert len({row["letter_id"] for row in rows.values()}) == 3
     await wait_for_depth(channel, dlq_name, 3)
 
     table = await semel(settings, "dlq", "list")
     assert table.code == 0, table.stderr
-    for text in ("reason", "max-attempts", "k-2", "poison", "2h00m", "order.paid"):
+    for text in ("reason", "replays", "max-attempts", "k-2", "poison", "2h00m", "order.paid"):
         assert text in table.stdout
     assert "x" * 100 not in table.stdout  # errors are truncated in the table
     assert "3 of 3 dead letters shown" in table.stdout
@@ -125,7 +93,10 @@ async def test_list_shows_dead_letters_and_leaves_the_dlq_as_it_was(
     assert keys == ["k-1", "k-2", "k-3"]
 
 
-async def test_list_on_a_fresh_broker_declares_the_topology(settings: Settings) -> None:
+async def test_list_on_a_fresh_broker_declares_the_topology(
+    settings: Settings,
+    connection: AbstractConnection,  # deletes what the command declared
+) -> None:
     done = semel_process(settings, "dlq", "list")
     assert done.code == 0, done.stderr
     assert "0 of 0 dead letters shown" in done.stdout
@@ -133,10 +104,11 @@ async def test_list_on_a_fresh_broker_declares_the_topology(settings: Settings) 
 
 def assert_replayed_copy(message: aio_pika.abc.AbstractIncomingMessage, key: str) -> None:
     headers = message.headers or {}
-    # Of semel's headers, only the producer's route is carried (an app picks its
-    # handler by it): attempts, reason and error start afresh.
-    route = {names.H_ORIGINAL_EXCHANGE, names.H_ORIGINAL_ROUTING_KEY}
-    assert {h for h in headers if h.startswith(names.SEMEL_HEADER_PREFIX)} <= route
+    # Of semel's headers, only the producer's route (an app picks its handler by
+    # it) and the replay count are carried: attempts, reason and error start afresh.
+    kept = {names.H_ORIGINAL_EXCHANGE, names.H_ORIGINAL_ROUTING_KEY, names.H_REPLAYS}
+    assert {h for h in headers if h.startswith(names.SEMEL_HEADER_PREFIX)} <= kept
+    assert headers[names.H_REPLAYS] == 1
     # A quorum queue stamps x-delivery-count on every delivery, starting at 0.
     assert not [h for h in headers if h in names.BROKER_HEADERS and h != "x-delivery-count"]
     assert headers.get("x-delivery-count", 0) == 0
@@ -180,7 +152,8 @@ async def test_replay_by_key(settings: Settings, channel: AbstractChannel, store
     await wait_for_depth(channel, settings.queue, 1)
     (copy,) = await drain(channel, settings.queue)
     assert_replayed_copy(copy, "a")
-    assert copy.routing_key == settings.queue  # straight to the work queue
+    # Back the way the producer sent it: its exchange and routing key.
+    assert (copy.exchange, copy.routing_key) == (settings.exchange, "order.paid")
     (left,) = await drain(channel, names_.dead_letter_queue)
     assert header(left, names.H_KEY) == "b"
     assert await claims_again(store, "a")
@@ -200,7 +173,14 @@ async def test_replay_by_reason(settings: Settings, channel: AbstractChannel, st
 
     done = await semel(settings, "dlq", "replay", "--reason", "permanent-error", "--json")
     assert done.code == 0, done.stderr
-    assert json.loads(done.stdout) == {"replayed": 2, "kept": 1, "failed": 0, "reset": 2}
+    assert json.loads(done.stdout) == {
+        "replayed": 2,
+        "kept": 1,
+        "failed": 0,
+        "reset": 2,
+        "dry_run": False,
+        "destinations": {f"{settings.exchange} / order.paid": 2},
+    }
 
     await wait_for_depth(channel, settings.queue, 2)
     copies = await drain(channel, settings.queue)
@@ -258,7 +238,13 @@ async def test_replay_run_again_after_its_copy_completed_replays_a_duplicate(
 
     done = await semel(settings, "dlq", "replay", "--all", "--json")
     assert done.code == 0, done.stderr
-    assert json.loads(done.stdout) == {"replayed": 1, "kept": 0, "failed": 0, "reset": 0}
+    counts = json.loads(done.stdout)
+    assert {k: counts[k] for k in ("replayed", "kept", "failed", "reset")} == {
+        "replayed": 1,
+        "kept": 0,
+        "failed": 0,
+        "reset": 0,
+    }
     duplicate = await store.claim("again", FINGERPRINT)
     assert duplicate.outcome is Outcome.DUPLICATE
     assert duplicate.record.result == {"paid": True}
@@ -328,15 +314,16 @@ async def test_store_trouble_midway_leaves_the_rest_in_the_dlq(
     await wait_for_depth(channel, dlq_name, 3)
     reset_keys: list[str] = []
 
-    async def reset(key: str) -> bool:
+    async def reset(key: str, fingerprint: str | None = None) -> bool:
         reset_keys.append(key)
         if len(reset_keys) == 2:
             raise StoreUnavailable("redis", "connection refused")
         return True
 
     replaying = await connection.channel(publisher_confirms=True, on_return_raises=True)
+    everything = dlq.Selection(everything=True)
     with pytest.raises(StoreUnavailable):
-        await dlq.replay(replaying, Topology(settings.queue), dlq.Selection(everything=True), reset)
+        await letter_runs.replay(connection, replaying, Topology(settings.queue), everything, reset)
     await wait_for_depth(channel, settings.queue, 1)  # the first one, confirmed before the outage
     await wait_for_depth(channel, dlq_name, 2)
     assert sorted(header(m, names.H_KEY) for m in await drain(channel, dlq_name)) == ["s-2", "s-3"]
@@ -369,7 +356,8 @@ async def test_the_dlq_commands_leave_an_app_handlers_queue_as_its_worker_declar
     been dead-lettered there as ``no-handler``."""
     own = replace(topology_of(settings), binding_keys=("orders.paid",), retry_delays=(2.0,))
     await topology.declare(connection, own)
-    await dead_letter(channel, settings, "k-1", Reason.INVALID_BODY)
+    # Its own route, so that its replay reaches the queue.
+    await dead_letter(channel, settings, "k-1", Reason.INVALID_BODY, routing_key="orders.paid")
     for command in (["dlq", "list"], ["dlq", "replay", "--all"]):
         done = await semel(settings, *command)
         assert done.code == 0, done.stderr

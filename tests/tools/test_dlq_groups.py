@@ -214,7 +214,14 @@ async def test_replay_by_group_takes_that_group_alone(
     refused = Fingerprint("max-attempts", *REFUSED).group_id
     done = await semel(settings, "dlq", "replay", "--group", refused, "--json")
     assert done.code == 0, done.stderr
-    assert json.loads(done.stdout) == {"replayed": 4, "kept": 3, "failed": 0, "reset": 4}
+    assert json.loads(done.stdout) == {
+        "replayed": 4,
+        "kept": 3,
+        "failed": 0,
+        "reset": 4,
+        "dry_run": False,
+        "destinations": {f"{settings.exchange} / order.paid": 4},
+    }
     names_ = Topology(settings.queue)
     await wait_for_depth(channel, settings.queue, 4)
     copies = await drain(channel, settings.queue)
@@ -233,7 +240,14 @@ async def test_replay_filters_combine_and_old_options_mix_with_new(
     )
     assert done.code == 0, done.stderr
     # The store holds nothing for these keys: nothing to reset.
-    assert json.loads(done.stdout) == {"replayed": 2, "kept": 5, "failed": 0, "reset": 0}
+    assert json.loads(done.stdout) == {
+        "replayed": 2,
+        "kept": 5,
+        "failed": 0,
+        "reset": 0,
+        "dry_run": False,
+        "destinations": {f"{settings.exchange} / order.paid": 2},
+    }
     await wait_for_depth(channel, settings.queue, 2)
     copies = await drain(channel, settings.queue)
     assert sorted(header(m, KEY_HEADER) for m in copies) == ["order-0", "order-1"]

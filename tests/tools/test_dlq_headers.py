@@ -8,12 +8,12 @@ import pytest
 
 from semel.consumer import names
 from semel.consumer.broker.dead_letters import DlqEntry, Selection, parse_instant, replay_headers
-from semel.consumer.names import Reason
+from semel.consumer.names import H_TURN, Reason
 
 INSTANT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
-def test_replay_headers_drop_semel_and_broker_headers_but_the_route() -> None:
+def test_replay_headers_drop_semel_and_broker_headers_but_the_route_and_replays() -> None:
     headers = {
         "Idempotency-Key": "k",
         "x-trace": "t",
@@ -27,6 +27,10 @@ def test_replay_headers_drop_semel_and_broker_headers_but_the_route() -> None:
         names.H_ORIGINAL_ROUTING_KEY: "r",
         names.H_FIRST_SEEN: "f",
         names.H_DEAD_LETTERED_AT: "d",
+        names.H_LETTER_ID: "a new copy is a new letter",
+        names.H_REPLAYS: 2,
+        names.H_ARCHIVED_AT: "a",
+        H_TURN: "t",
         "x-semel-something-new": 1,
     }
     assert replay_headers(headers) == {
@@ -35,6 +39,7 @@ def test_replay_headers_drop_semel_and_broker_headers_but_the_route() -> None:
         "x-semelish": "kept: not the x-semel- prefix",
         names.H_ORIGINAL_EXCHANGE: "x",  # the producer's route: an app picks its handler by it
         names.H_ORIGINAL_ROUTING_KEY: "r",
+        names.H_REPLAYS: 2,  # counted on by the replay that sends it
     }
 
 

@@ -47,6 +47,7 @@ from semel.consumer.names import (
     RECONNECT_INTERVAL,
     TOOL_CONNECT_TIMEOUT,
 )
+from semel.consumer.stopping import within
 
 CONNECT_BACKOFF = (0.5, 5.0)  # first and longest pause between rounds of start-up attempts
 DEFAULT_HEARTBEAT = 10  # seconds; a silent node is given up after about three of them
@@ -255,8 +256,9 @@ async def _first_answering(urls: list[URL]) -> AbstractConnection:
 
 
 async def _close(connection: AbstractConnection) -> None:
-    # Bounded: closing a robust connection in the middle of a reconnect can stall.
+    # Bounded: closing a robust connection in the middle of a reconnect can stall,
+    # and so can its unwinding once cancelled.
     try:
-        await asyncio.wait_for(connection.close(), BROKER_CALL_TIMEOUT)
-    except (TimeoutError, AMQPConnectionError, OSError) as exc:
+        await within(BROKER_CALL_TIMEOUT, "closing the broker connection", connection.close())
+    except (AMQPConnectionError, OSError) as exc:
         log.warning("broker connection not closed cleanly", error=repr(exc))

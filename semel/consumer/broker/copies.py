@@ -9,6 +9,7 @@ broker headers, and it gains semel's own headers.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +27,7 @@ from semel.consumer.names import (
     H_ERROR_TYPE,
     H_FIRST_SEEN,
     H_KEY,
+    H_LETTER_ID,
     H_ORIGINAL_EXCHANGE,
     H_ORIGINAL_ROUTING_KEY,
     H_PARKED_AT,
@@ -110,6 +112,9 @@ def dead_letter_copy(message: Incoming, facts: Facts, decision: DeadLetter) -> a
         H_ERROR: bounded(decision.error),
         H_KEY: facts.key or "",
         H_DEAD_LETTERED_AT: now_iso(),
+        # Its own id, new even for a replayed message that failed again: that is
+        # a new letter, and the DLQ commands tell letters apart by it.
+        H_LETTER_ID: uuid.uuid4().hex,
     }
     if decision.validation_errors is not None:
         headers[H_VALIDATION_ERRORS] = decision.validation_errors

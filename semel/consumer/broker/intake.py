@@ -27,6 +27,7 @@ from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 
 from semel.consumer.backoff import Backoff
+from semel.consumer.broker.acks import How, Settlements
 from semel.consumer.errors import AlreadySettled
 from semel.consumer.names import BROKER_CALL_TIMEOUT
 
@@ -36,12 +37,14 @@ log = structlog.get_logger("semel.intake")
 
 
 class AmqpDelivery:
-    """One delivery of the work queue, settled once on the channel it came on."""
+    """One delivery of the work queue, settled once on the channel it came on:
+    by its own frame, or with ``settlements`` by that channel's next flush."""
 
-    __slots__ = ("_message", "_properties", "_settled", "delivery_tag")
+    __slots__ = ("_message", "_properties", "_settled", "_settlements", "delivery_tag")
 
-    def __init__(self, message: DeliveredMessage) -> None:
+    def __init__(self, message: DeliveredMessage, settlements: Settlements | None = None) -> None:
         self._message = message
+        self._settlements = settlements
         self._properties = message.header.properties
         self._settled = False
         if message.delivery_tag is None:  # only a basic.get of an empty queue has none
@@ -105,10 +108,18 @@ class AmqpDelivery:
         return self._message.channel
 
     async def ack(self) -> None:
-        await self._settle().basic_ack(self.delivery_tag)
+        channel = self._settle()
+        if self._settlements is not None:
+            self._settlements.settle(self.delivery_tag, How.ACK)
+        else:
+            await channel.basic_ack(self.delivery_tag)
 
     async def nack(self, *, requeue: bool = True) -> None:
-        await self._settle().basic_nack(self.delivery_tag, requeue=requeue)
+        channel = self._settle()
+        if self._settlements is not None:
+            self._settlements.settle(self.delivery_tag, How.REQUEUE if requeue else How.DROP)
+        else:
+            await channel.basic_nack(self.delivery_tag, requeue=requeue)
 
 
 Callback = Callable[[AmqpDelivery], Awaitable[None]]
@@ -117,8 +128,19 @@ Callback = Callable[[AmqpDelivery], Awaitable[None]]
 class Intake:
     """The queue's consumer, attached and detached on demand, and kept attached."""
 
-    def __init__(self, channel: AbstractRobustChannel, queue: str, callback: Callback) -> None:
+    def __init__(
+        self,
+        channel: AbstractRobustChannel,
+        queue: str,
+        callback: Callback,
+        *,
+        coalesce: bool = False,
+    ) -> None:
+        """``coalesce``: settle through the channel's :class:`Settlements`, which
+        needs every delivery of the channel to come through this one intake."""
         self._channel = channel
+        self._coalesce = coalesce
+        self._settlements: Settlements | None = None
         self._queue = queue
         self._callback = callback
         self._wanted = False
@@ -161,13 +183,29 @@ class Intake:
                 return
             channel = await self._channel.get_underlay_channel()
             channel.on_consumer_cancel_callbacks.add(self._cancelled)
+            if self._coalesce and (
+                self._settlements is None or self._settlements.channel is not channel
+            ):
+                self._settlements = Settlements(channel)
             ok = await channel.basic_consume(self._queue, self._deliver, no_ack=False)
             self._tag, self._on = ok.consumer_tag, channel
             if not self._wanted:  # paused while the consume was on its way
                 await self._detach()
 
     async def _deliver(self, message: DeliveredMessage) -> None:
-        await self._callback(AmqpDelivery(message))
+        settlements = self._settlements
+        if settlements is not None and settlements.channel is message.channel:
+            delivery = AmqpDelivery(message, settlements)
+            settlements.delivered(delivery.delivery_tag)
+        else:
+            delivery = AmqpDelivery(message)
+        await self._callback(delivery)
+
+    async def settled(self) -> None:
+        """Wait until every settlement made so far is handed to the connection:
+        before the channel is closed, or they would be lost with it."""
+        if self._settlements is not None:
+            await self._settlements.sent()
 
     def _reopened(self, _channel: Any) -> None:
         # The old channel is closed, and its consumer with it, unless an

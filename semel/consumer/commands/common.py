@@ -120,3 +120,18 @@ async def confirm_channel(
         # error that closed it is the one the command reports.
         with contextlib.suppress(*BROKER_ERRORS):
             await channel.close()
+
+
+@contextlib.asynccontextmanager
+async def letters_channel(
+    container: Container,
+) -> AsyncIterator[tuple[AbstractConnection, AbstractChannel]]:
+    """The command's connection and a confirm channel on it, for a turn of the DLQ.
+
+    The turn takes the DLQ's lock; one held by another command
+    (:class:`~semel.consumer.broker.turn.LockHeld`) ends the command with one
+    line and exit 1, like every ``SemelError``.
+    """
+    async with confirm_channel(container, dead_letters_only=True) as channel:
+        connection: AbstractConnection = await container.tool_connection.async_()
+        yield connection, channel

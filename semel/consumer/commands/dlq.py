@@ -1,6 +1,7 @@
 """``semel dlq list``, ``groups`` and ``replay``: look at the dead letters, and send them back.
 
-The broker work is :mod:`semel.consumer.broker.dead_letters`, the filters and
+The broker work is :mod:`semel.consumer.broker.letter_runs` (each command one
+turn of the DLQ, :mod:`semel.consumer.broker.turn`), the filters and
 groups :mod:`semel.consumer.broker.letter_filters`; this module turns the
 options into their calls and their answers into a table, a summary or JSON.
 The filter options are declared once, in :mod:`semel.consumer.commands.dlq_filters`.
@@ -8,9 +9,8 @@ The filter options are declared once, in :mod:`semel.consumer.commands.dlq_filte
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -18,8 +18,8 @@ from rich.table import Table
 from rich.text import Text
 from typer import Option
 
-from semel.consumer.broker import dead_letters
-from semel.consumer.broker.dead_letters import DlqEntry, Listing, ReplayReport
+from semel.consumer.broker import letter_runs
+from semel.consumer.broker.dead_letters import DlqEntry
 from semel.consumer.broker.letter_filters import (
     GROUP_ID_LENGTH,
     Group,
@@ -27,14 +27,16 @@ from semel.consumer.broker.letter_filters import (
     group_id,
     groups,
 )
+from semel.consumer.broker.letter_runs import Reading, ReplayReport
 from semel.consumer.commands.common import (
-    confirm_channel,
     echo_json,
     fail,
+    letters_channel,
     open_store,
     run_with_container,
 )
 from semel.consumer.commands.dlq_filters import with_filters
+from semel.consumer.commands.dlq_manage import register_manage
 from semel.consumer.container import Container
 from semel.consumer.errors import EXIT_FAILURE, EXIT_USAGE
 from semel.consumer.names import ERROR_FRAME_LIMIT
@@ -42,7 +44,7 @@ from semel.consumer.names import ERROR_FRAME_LIMIT
 TABLE_KEY_WIDTH = 40
 TABLE_ERROR_WIDTH = 60
 TABLE_MIN_ERROR_WIDTH = 12
-_COLUMNS = ("reason", "key", "attempts", "error", "age", "routing key")
+_COLUMNS = ("reason", "key", "attempts", "replays", "error", "age", "routing key")
 _ERROR_COLUMN = _COLUMNS.index("error")
 
 
@@ -75,6 +77,7 @@ def _table(entries: list[DlqEntry], now: datetime, width: int) -> Table:
             _shown(entry.reason, TABLE_KEY_WIDTH),
             _shown(entry.key, TABLE_KEY_WIDTH),
             "-" if entry.attempts is None else str(entry.attempts),
+            str(entry.replays),
             entry.error or "",
             _age(entry.age(now)),
             _shown(entry.routing_key, TABLE_KEY_WIDTH),
@@ -139,39 +142,53 @@ def _ago(instant: datetime | None, now: datetime) -> str:
     return "-" if instant is None else f"{_age(now - instant)} ago"
 
 
-def _read(limit: int | None) -> Listing:
-    """The DLQ's first ``limit`` dead letters (all of them: ``None``), each left there."""
+def _read(filters: LetterFilter, *, limit: int | None, gather: bool, archived: bool) -> Reading:
+    """One turn of the DLQ: every dead letter read, each left there."""
 
-    async def run(container: Container) -> Listing:
-        async with confirm_channel(container, dead_letters_only=True) as channel:
-            return await dead_letters.list_dead_letters(channel, container.topology().names, limit)
+    async def run(container: Container) -> Reading:
+        async with letters_channel(container) as (connection, channel):
+            return await letter_runs.read_letters(
+                connection,
+                channel,
+                container.topology().names,
+                filters,
+                limit=limit,
+                gather=gather,
+                archived=archived,
+                retention=container.settings().dlq_archive_retention,
+            )
 
     return run_with_container(run)
+
+
+_ARCHIVED_HELP = "Include archived dead letters."
 
 
 @with_filters
 def list_command(
     filters: LetterFilter,
     limit: Annotated[int, Option(min=1, help="Show at most this many dead letters.")] = 50,
+    archived: Annotated[bool, Option("--archived", help=_ARCHIVED_HELP)] = False,
     as_json: Annotated[bool, Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Show the dead letters without removing any from the DLQ.
 
-    With a filter, the whole DLQ is read to count what it matches; without
-    one, only the first --limit dead letters.
+    The whole DLQ is read once, in order (a turn: each letter copied to the
+    tail, confirmed, before it is acked), to count what the filters match;
+    the first --limit matches are shown.
     """
-    listing = _read(None if not filters.empty else limit)
-    matching = [entry for entry in listing.letters if filters.matches(entry)]
-    matched = len(matching) if not filters.empty else listing.depth
-    shown = matching[:limit]
+    reading = _read(filters, limit=limit, gather=False, archived=archived)
+    shown = reading.shown
     now = datetime.now(UTC)
     if as_json:
         entries = [{"group": group_id(entry)} | entry.as_json(now) for entry in shown]
-        counts = {"depth": listing.depth, "matched": matched, "shown": len(shown)}
-        echo_json(counts | {"dead_letters": entries})
+        echo_json(_counts(reading) | {"shown": len(shown), "dead_letters": entries})
         return
-    found = "" if filters.empty else f"{matched} matched, "
-    typer.echo(f"{listing.depth} in the DLQ, {found}{len(shown)} of {matched} dead letters shown")
+    matched = "" if filters.empty else f"{reading.matched} matched, "
+    typer.echo(
+        f"{reading.depth} in the DLQ, {_hidden(reading)}{matched}"
+        f"{len(shown)} of {reading.matched} dead letters shown"
+    )
     if shown:
         console = Console()
         console.print(_table(shown, now, console.width))
@@ -180,6 +197,7 @@ def list_command(
 @with_filters
 def groups_command(
     filters: LetterFilter,
+    archived: Annotated[bool, Option("--archived", help=_ARCHIVED_HELP)] = False,
     as_json: Annotated[bool, Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Group the dead letters by reason and error fingerprint, the largest group first.
@@ -188,15 +206,13 @@ def groups_command(
     exception's type and the handler's own frame; bad input by its reason
     alone. The whole DLQ is read, and every dead letter left in it.
     """
-    listing = _read(None)
-    matching = [entry for entry in listing.letters if filters.matches(entry)]
-    found = groups(matching)
+    reading = _read(filters, limit=0, gather=True, archived=archived)
+    found = groups(reading.gathered)
     if as_json:
-        counts = {"depth": listing.depth, "read": len(listing.letters), "matched": len(matching)}
-        echo_json(counts | {"groups": [group.as_json() for group in found]})
+        echo_json(_counts(reading) | {"groups": [group.as_json() for group in found]})
         return
-    matched = "" if filters.empty else f", {len(matching)} matched"
-    typer.echo(f"{len(listing.letters)} dead letters read{matched}, {len(found)} groups")
+    matched = "" if filters.empty else f"{reading.matched} matched, "
+    typer.echo(f"{reading.read} dead letters read, {_hidden(reading)}{matched}{len(found)} groups")
     if found:
         console = Console()
         console.print(_groups_table(found, datetime.now(UTC), console.width))
@@ -213,14 +229,36 @@ _CHOOSE = (
 def replay_command(
     filters: LetterFilter,
     replay_all: Annotated[bool, Option("--all", help="Replay every dead letter.")] = False,
+    to: Annotated[
+        str | None,
+        Option(
+            "--to",
+            metavar="QUEUE",
+            help="Send every copy to this queue (through the default exchange) instead of "
+            "its original exchange and routing key.",
+        ),
+    ] = None,
+    rate: Annotated[
+        float | None,
+        Option(min=0.001, help="Send at most this many copies a second (default: no limit)."),
+    ] = None,
+    dry_run: Annotated[
+        bool, Option("--dry-run", help="Change nothing: say how many would go, and where.")
+    ] = False,
+    archived: Annotated[bool, Option("--archived", help=_ARCHIVED_HELP)] = False,
     as_json: Annotated[bool, Option("--json", help="Print the counts as JSON.")] = False,
 ) -> None:
-    """Re-publish dead letters to the work queue and reset their keys so they run again.
+    """Send dead letters back to their original route and reset their keys to run again.
+
+    A copy goes to its letter's original exchange and routing key (every queue
+    bound there gets one), or to the work queue when that was the default
+    exchange, or with --to to one queue.
 
     Takes the dead letters the filters match (all of them must), or --all.
-    A dead letter leaves the DLQ only after its copy was confirmed. Keys are
-    reset for max-attempts, permanent-error and poison; the other reasons
-    never wrote the key's state.
+    A dead letter leaves the DLQ only after its copy was confirmed; each copy
+    carries x-semel-replays, one more than its letter's. Keys are reset for
+    max-attempts, permanent-error and poison; the other reasons never wrote
+    the key's state.
     """
     if filters.empty == (not replay_all):
         fail(_CHOOSE, EXIT_USAGE)
@@ -229,24 +267,63 @@ def replay_command(
         # The store first: one that cannot be reached stops the run before any
         # dead letter is taken from the DLQ.
         store = await open_store(container)
-        async with confirm_channel(container, dead_letters_only=True) as channel:
-            return await dead_letters.replay(
-                channel, container.topology().names, filters, store.reset
+        async with letters_channel(container) as (connection, channel):
+            return await letter_runs.replay(
+                connection,
+                channel,
+                container.topology().names,
+                filters,
+                store.reset,
+                to=to,
+                rate=rate,
+                dry_run=dry_run,
+                archived=archived,
+                retention=container.settings().dlq_archive_retention,
             )
 
     report = run_with_container(run)
     if as_json:
-        echo_json(asdict(report))
+        echo_json(_replay_json(report))
     else:
         typer.echo(report.summary())
     if report.failed:
         raise typer.Exit(EXIT_FAILURE)
 
 
+def _counts(reading: Reading) -> dict[str, Any]:
+    return {
+        "depth": reading.depth,
+        "read": reading.read,
+        "matched": reading.matched,
+        "archived_hidden": reading.hidden,
+        "expired": reading.expired,
+    }
+
+
+def _hidden(reading: Reading) -> str:
+    return f"{reading.hidden} archived hidden, " if reading.hidden else ""
+
+
+def _replay_json(report: ReplayReport) -> dict[str, Any]:
+    return {
+        "replayed": report.replayed,
+        "kept": report.kept,
+        "failed": report.failed,
+        "reset": report.reset,
+        "dry_run": report.dry_run,
+        "destinations": dict(report.destinations),
+    }
+
+
 def register(app: typer.Typer) -> None:
-    """Add the ``dlq`` group (``list``, ``groups``, ``replay``) to the ``semel`` application."""
-    group = typer.Typer(help="Look at, group and replay dead letters.", no_args_is_help=True)
+    """Add the ``dlq`` group (``list``, ``groups``, ``replay``, and the commands of
+    :mod:`semel.consumer.commands.dlq_manage`) to the ``semel`` application."""
+    group = typer.Typer(
+        help="Look at, group, replay, discard, archive, export and import dead letters.",
+        no_args_is_help=True,
+    )
     group.command("list")(list_command)
     group.command("groups")(groups_command)
     group.command("replay")(replay_command)
+    register_manage(group)
     app.add_typer(group, name="dlq")

@@ -86,10 +86,12 @@ class Lru(Generic[E]):
     def put(self, key: str, entry: E) -> None:
         if self.size <= 0:
             return
-        self._entries[key] = entry
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.size:
-            self._entries.popitem(last=False)
+        entries = self._entries
+        if key in entries:  # a new key goes in last already
+            entries.move_to_end(key)
+        entries[key] = entry
+        while len(entries) > self.size:
+            entries.popitem(last=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +160,7 @@ class CompletedCache:
 
     def _keep(self, key: str, fingerprint: str, fence: int, forgotten_at: float) -> None:
         """Keep ``key`` until the TTL, or ``MARGIN`` before the store may forget it."""
-        until = min(self._clock() + self._ttl, forgotten_at - MARGIN)
-        if until > self._clock():
+        now = self._clock()
+        until = min(now + self._ttl, forgotten_at - MARGIN)
+        if until > now:
             self._entries.put(key, Known(fingerprint, fence, until))

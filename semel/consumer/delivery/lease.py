@@ -29,6 +29,7 @@ from typing import Any
 
 from semel.consumer.delivery.handler import Context, Handler, is_async, result_of, start_in_thread
 from semel.consumer.delivery.thread_watch import THREAD_LEASES, ThreadLeases
+from semel.consumer.delivery.timers import shared_timers
 from semel.consumer.errors import HandlerTimeout, LeaseLost
 from semel.stores.base import Store
 from semel.stores.errors import KeyRefused, StoreError, StoreUnavailable
@@ -91,7 +92,11 @@ class Renewal:
         self._give_up_at = math.inf
         self._stopped = False
         self._beat: asyncio.Task[None] | None = None
-        self._timer = self._loop.call_later(self._interval, self._due)
+        # Shared with the other leases of the loop: most are stopped long before
+        # it is due, and a loop timer of their own would be set and cancelled
+        # for nothing. A renewal runs up to an eighth of the interval early.
+        self._timers = shared_timers(self._loop)
+        self._timer = self._timers.call_later(self._interval, self._due)
         self._stop_when_thread_ends = False
         self.lost: BaseException | None = None
 
@@ -152,7 +157,7 @@ class Renewal:
             lease.renewed_at = sent_at
             delay = self._interval
         if not self._stopped:
-            self._timer = self._loop.call_later(delay, self._due)
+            self._timer = self._timers.call_later(delay, self._due)
 
     def _lose(self, why: BaseException) -> None:
         if self._stopped:
@@ -202,6 +207,8 @@ async def run_leased(
     overrun: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
     *,
     stop_wait: float = 0.0,
+    owner: asyncio.Task[Any] | None = None,
+    asynchronous: bool | None = None,
 ) -> Any:
     """The handler's result, or its exception, :class:`HandlerTimeout`,
     :class:`LeaseLost` or :class:`StoreUnavailable` (the lease could not be kept).
@@ -216,28 +223,63 @@ async def run_leased(
     seconds: ended by then, its outcome is returned as if no stop had come;
     else the cancellation goes on, the key still held while the thread runs.
     ``renewal`` goes on after this returns: the caller stops it once the
-    outcome is stored.
+    outcome is stored. ``owner`` (the caller's task) and ``asynchronous`` (whether
+    ``handler`` is a coroutine function) are found here unless the caller knows them.
     """
-    owner = asyncio.current_task()
+    owner = owner or asyncio.current_task()
     assert owner is not None
     renewal.guard(owner, give_up=time_limit + _CANCEL_WAIT)
-    limit: asyncio.Timeout | None = None
     try:
-        if not is_async(handler):
+        if not (is_async(handler) if asynchronous is None else asynchronous):
             return await _in_thread(handler, context, renewal, time_limit, overrun, stop_wait)
-        async with asyncio.timeout(time_limit) as limit:
+        limit = _Limit(owner, time_limit)
+        try:
             return await handler(context)
+        except asyncio.CancelledError:
+            if limit.expired():  # cancelled by the limit alone: a timeout
+                raise HandlerTimeout(f"handler ran longer than {time_limit:g}s") from None
+            raise
+        finally:
+            limit.end()
     except asyncio.CancelledError:
         # Cancelled by the renewal alone (nobody else asked): say why instead.
         if renewal.lost is not None and owner.uncancel() == 0:
             raise renewal.lost from None
         raise
-    except TimeoutError:
-        if limit is not None and limit.expired():
-            raise HandlerTimeout(f"handler ran longer than {time_limit:g}s") from None
-        raise
     finally:
         renewal.unguard()
+
+
+class _Limit:
+    """An async handler's time limit: its task cancelled once the limit has passed,
+    as ``asyncio.timeout`` would, on a shared timer (:mod:`timers`: never early,
+    at most a quarter of a second late) rather than a loop timer per delivery."""
+
+    __slots__ = ("_cancelling", "_fired", "_owner", "_slot")
+
+    def __init__(self, owner: asyncio.Task[Any], seconds: float) -> None:
+        self._owner = owner
+        self._cancelling = owner.cancelling()  # cancellations asked before, not ours
+        self._fired = False
+        self._slot = shared_timers(owner.get_loop()).call_no_sooner(seconds, self._fire)
+
+    def _fire(self) -> None:
+        self._fired = True
+        self._owner.cancel()
+
+    def expired(self) -> bool:
+        """Whether the cancellation under way is the limit's alone; takes it back
+        if so (one ``uncancel``), as ``asyncio.timeout`` does on its way out."""
+        if not self._fired:
+            return False
+        self._fired = False  # taken back once only
+        return self._owner.uncancel() <= self._cancelling
+
+    def end(self) -> None:
+        self._slot.cancel()
+        if self._fired:  # fired as the handler returned: its cancellation taken back
+            self._fired = False
+            self._owner.uncancel()
 
 
 async def _in_thread(

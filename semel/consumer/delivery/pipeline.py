@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from semel.consumer.delivery.completed_cache import CompletedCache, Known
+from semel.consumer.delivery.completed_cache import CompletedCache
 from semel.consumer.delivery.decide import (
     CACHED_DUPLICATE,
     SHUTDOWN,
@@ -60,7 +60,7 @@ from semel.consumer.delivery.results import storable
 from semel.consumer.delivery.routes import Routes
 from semel.consumer.delivery.writes import write_fenced
 from semel.consumer.errors import BadMessage, LeaseLost
-from semel.consumer.names import RETURNS_BEFORE_DETOUR, returns
+from semel.consumer.names import DELIVERY_COUNT, RETURNS_BEFORE_DETOUR, returns
 from semel.stores.base import Store
 from semel.stores.errors import StoreError, StoreMisconfigured
 
@@ -139,13 +139,18 @@ class Pipeline:
         """Process and settle ``message``; returns the decision applied."""
         with self._observer.delivery(message):
             delivery, parsed = self.read(message)
-            if returns(delivery.headers) >= RETURNS_BEFORE_DETOUR:
+            # The broker writes the count only on a message it had back: most
+            # deliveries have none, and are spared the parsing.
+            headers = delivery.headers
+            if DELIVERY_COUNT in headers and returns(headers) >= RETURNS_BEFORE_DETOUR:
                 # Further returns could bring it to the broker's delivery limit,
                 # where the message would be dropped; nothing is claimed.
                 return await self._settle(delivery, Detour())
             if isinstance(parsed, BadMessage):
                 return await self._settle(delivery, decide_bad_message(parsed))
-            if (known := self._known(parsed)) is not None:
+            completed = self._config.completed
+            known = None if completed is None else completed.answer(parsed.key, parsed.fingerprint)
+            if known is not None:
                 # Completed, with this very body: what the store would answer. No
                 # claim, so no admission either: nothing goes to the store.
                 delivery.fence = known.fence
@@ -155,11 +160,6 @@ class Pipeline:
                 return await self._claimed(delivery, parsed)
             finally:
                 self._pressure.leave(admitted_at)
-
-    def _known(self, parsed: Parsed) -> Known | None:
-        """The cache's entry that makes ``parsed`` a duplicate; ``None``: ask the store."""
-        completed = self._config.completed
-        return None if completed is None else completed.answer(parsed.key, parsed.fingerprint)
 
     def concluding(self, task: asyncio.Task[Any]) -> bool:
         """Whether ``task``'s handler has ended and its outcome is being recorded and
@@ -175,8 +175,9 @@ class Pipeline:
         # Renewed from here until the outcome is stored, not only while the
         # handler runs: a completion queued behind a slow store keeps its key.
         renewal = Renewal(self._store, step, self._pressure.answered)
+        task = asyncio.current_task()  # looked up once: the handler runs in it too
         try:
-            decision = await self._run(delivery, parsed, renewal)
+            decision = await self._run(delivery, parsed, renewal, task)
             return await self._settle(delivery, decision, lease=step)
         except Exception:
             # A bug in semel, not the handler's failure: free the key now
@@ -186,7 +187,7 @@ class Pipeline:
             await release(self._store, step, renewal)
             raise
         finally:
-            if (task := asyncio.current_task()) is not None:
+            if task is not None:
                 self._concluding.discard(task)
             await renewal.stop()
 
@@ -214,7 +215,13 @@ class Pipeline:
             return Requeue(f"claim answered after {claimed.waited:.2f}s of a {ttl:g}s lease")
         return claimed.lease
 
-    async def _run(self, delivery: Delivery, parsed: Parsed, renewal: Renewal) -> Settle:
+    async def _run(
+        self,
+        delivery: Delivery,
+        parsed: Parsed,
+        renewal: Renewal,
+        task: asyncio.Task[Any] | None,
+    ) -> Settle:
         """Run the handler under ``renewal``'s lease, then record what it did; the
         decision to settle."""
         lease = renewal.lease
@@ -239,19 +246,21 @@ class Pipeline:
                     route.handler_timeout,
                     self._observer.overrun,
                     stop_wait=THREAD_STOP_WAIT,
+                    owner=task,
+                    asynchronous=route.asynchronous,
                 )
         except asyncio.CancelledError:
             await self._cut_short(delivery, renewal)
             raise
         except Exception as exc:
-            self._conclude()
+            self._conclude(task)
             return await self._record_failure(delivery, renewal, exc)
-        self._conclude()
+        self._conclude(task)
         return await self._record_success(lease, parsed.fingerprint, result)
 
-    def _conclude(self) -> None:
+    def _conclude(self, task: asyncio.Task[Any] | None) -> None:
         """The handler has ended: from here a stop lets the delivery finish."""
-        if (task := asyncio.current_task()) is not None:
+        if task is not None:
             self._concluding.add(task)
 
     async def _record_success(self, lease: Lease, fingerprint: str, result: Any) -> Settle:

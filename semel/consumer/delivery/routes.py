@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from semel.consumer.delivery.decide import RetryPolicy
-from semel.consumer.delivery.handler import Handler
+from semel.consumer.delivery.handler import Handler, is_async
 from semel.consumer.delivery.message import MessageRules
 from semel.consumer.delivery.typed import BodyType, body_of
 from semel.consumer.errors import BadMessage
@@ -63,10 +63,14 @@ class Route:
     message_type: str | None = None  # the AMQP ``type`` property it must carry, if set
     scope: str = ""  # prepended to its keys in the store
     body: BodyType | None = field(init=False, default=None)
+    # Whether the handler is a coroutine function (else it runs on a thread):
+    # asked once here rather than by inspection on every delivery.
+    asynchronous: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         # A typed handler's body type, validated before the claim.
         object.__setattr__(self, "body", body_of(self.handler))
+        object.__setattr__(self, "asynchronous", is_async(self.handler))
 
     def matches(self, routing_key: str, message_type: str | None) -> bool:
         if self.message_type is not None and message_type != self.message_type:

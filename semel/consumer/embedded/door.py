@@ -106,6 +106,9 @@ class Doors(Protocol):
     async def door(self, queue: str | None = None) -> Door:
         """``queue``'s door, opened the first time it is asked for."""
 
+    def opened(self, queue: str) -> Door | None:
+        """``queue``'s door if it is open already (no await on every delivery)."""
+
 
 class Door:
     """One queue's pipeline, the deliveries it is processing, and the consumers of

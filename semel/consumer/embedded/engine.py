@@ -176,6 +176,10 @@ class Semel:
                 door = self._doors[name] = await self._open_door(name)
         return door
 
+    def opened(self, queue: str) -> Door | None:
+        """``queue``'s door if it is open already."""
+        return self._doors.get(queue)
+
     async def _open_door(self, queue: str) -> Door:
         try:
             settings = derived(self.settings, queue=queue)

@@ -57,8 +57,32 @@ def queue_of(context: Any) -> str | None:
     return None if queue is None else str(queue.name)
 
 
+class _Subscriber:
+    """The subscriber's own call for one delivery, which the pipeline runs as its
+    handler; the subscriber's reply is kept for the middleware to return."""
+
+    __slots__ = ("call_next", "msg", "replied", "reply", "repository")
+
+    def __init__(self, call_next: Any, msg: Any, repository: Any) -> None:
+        self.call_next = call_next
+        self.msg = msg
+        self.repository = repository  # the middleware's, not the middleware: no cycle
+        self.replied = False
+        self.reply: Any = None
+
+    async def __call__(self, context: Context) -> Any:
+        # Set, not scoped: this runs in the delivery's own task (see Door.start),
+        # whose context goes with it, so there is nothing to restore.
+        self.repository.set_local(CONTEXT_NAME, context)
+        self.reply = await self.call_next(self.msg)
+        self.replied = True
+        return self.reply
+
+
 class SemelMiddleware(BaseMiddleware):
     """One delivery's middleware (FastStream builds one per message)."""
+
+    __slots__ = ("_door", "_passage", "_raw", "_semel")
 
     def __init__(self, msg: Any, /, *, context: Any, semel: Doors) -> None:
         super().__init__(msg, context=context)
@@ -80,17 +104,10 @@ class SemelMiddleware(BaseMiddleware):
                 f"queue {queue!r}: the subscriber consumes with AckPolicy.ACK_FIRST (no_ack); "
                 "semel settles each delivery itself: use the default ack policy"
             )
-        self._door = door = await self._semel.door(queue)
-        replies: list[Any] = []
-        repository = self.context  # not self: a cycle would leave every delivery to the gc
-
-        async def run(context: Context) -> Any:
-            with repository.scope(CONTEXT_NAME, context):
-                result = await call_next(msg)
-            replies.append(result)
-            return result
-
-        self._passage = passage = Passage(run, defer_ack=True)
+        door = self._semel.opened(queue) or await self._semel.door(queue)
+        self._door = door
+        subscriber = _Subscriber(call_next, msg, self.context)
+        self._passage = passage = Passage(subscriber, defer_ack=True)
         task = door.start(raw, passage)
         try:
             decision = await asyncio.shield(task)
@@ -101,8 +118,8 @@ class SemelMiddleware(BaseMiddleware):
             passage.defer_ack = False
             raise
         if isinstance(decision, Ack) and decision.outcome in _REPLIED:
-            if decision.outcome is Outcome.COMPLETED and replies:
-                return replies[0]
+            if decision.outcome is Outcome.COMPLETED and subscriber.replied:
+                return subscriber.reply
             claim = passage.claim
             return None if claim is None else claim.record.result
         raise Settled

@@ -1,7 +1,8 @@
 """Prometheus metrics of one consumer process, and the observer that feeds them.
 
-Every labelled child is created up front: the hot path only increments or
-observes (prometheus-client's own lock per value, nothing more), and every
+Every labelled child is created up front: the hot path only increments
+(prometheus-client's own lock per value) or observes (a tally's, see
+:mod:`semel.consumer.ops.tally`), nothing more, and every
 series exists from the start at 0, so ``rate()`` and ``absent()`` alerts
 behave. Label values come from small closed sets (outcomes, DLQ reasons,
 store operations), never from message data.
@@ -22,7 +23,6 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     PlatformCollector,
     ProcessCollector,
 )
@@ -34,6 +34,7 @@ from semel.consumer.delivery.handler import Context, Handler, is_async
 from semel.consumer.delivery.message import Incoming
 from semel.consumer.delivery.observe import Observer
 from semel.consumer.names import Reason
+from semel.consumer.ops.tally import Tally, TallyHistogram
 from semel.stores.base import Claim
 
 # Handlers run from milliseconds up to SEMEL_HANDLER_TIMEOUT (300 s by default).
@@ -49,7 +50,7 @@ FENCED_OPERATIONS = ("complete", "release", "fail", "heartbeat")
 class StoreMeters:
     """The children one store backend times its operations with."""
 
-    def __init__(self, duration: dict[str, Histogram], errors: dict[str, Counter]) -> None:
+    def __init__(self, duration: dict[str, Tally], errors: dict[str, Counter]) -> None:
         self.duration = duration
         self.errors = errors
 
@@ -85,18 +86,20 @@ class Metrics:
         self.dead_letters = {
             reason: messages.labels(Result.DEAD_LETTERED.value, reason.value) for reason in Reason
         }
-        self.handler_duration = Histogram(
+        # Observed several times per delivery: tallies (see ops/tally.py).
+        self.handler_duration = TallyHistogram(
             "semel_handler_duration_seconds",
             "Time the handler ran, whatever it returned or raised.",
-            buckets=HANDLER_BUCKETS,
-            registry=r,
-        )
-        self._store_duration = Histogram(
+            (),
+            HANDLER_BUCKETS,
+            r,
+        ).labels()
+        self._store_duration = TallyHistogram(
             "semel_store_operation_duration_seconds",
             "Time a store operation took, failures included.",
-            ["operation", "backend"],
-            buckets=STORE_BUCKETS,
-            registry=r,
+            ("operation", "backend"),
+            STORE_BUCKETS,
+            r,
         )
         self._store_errors = Counter(
             "semel_store_errors_total",
@@ -107,6 +110,10 @@ class Metrics:
         self.in_flight = Gauge(
             "semel_deliveries_in_flight", "Deliveries being processed now.", registry=r
         )
+        # Counted by the pipelines (on the event loop) as a plain integer, read
+        # when scraped: no lock taken twice per delivery.
+        self.deliveries_in_flight = 0
+        self.in_flight.set_function(lambda: self.deliveries_in_flight)
         self.handler_threads_overrunning = Gauge(
             "semel_handler_threads_overrunning",
             "Plain (thread-run) handlers still running past SEMEL_HANDLER_TIMEOUT; "
@@ -239,11 +246,11 @@ class _InFlight(AbstractContextManager[object]):
     """Counts a delivery in flight while entered; holds no state, so one serves all."""
 
     def __init__(self, metrics: Metrics) -> None:
-        self._gauge = metrics.in_flight
+        self._metrics = metrics
         self._errors = metrics.outcomes[Result.ERROR]
 
     def __enter__(self) -> object:
-        self._gauge.inc()
+        self._metrics.deliveries_in_flight += 1
         return None
 
     def __exit__(
@@ -252,7 +259,7 @@ class _InFlight(AbstractContextManager[object]):
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        self._gauge.dec()
+        self._metrics.deliveries_in_flight -= 1
         if isinstance(exc, Exception):
             # The pipeline raised instead of settling: the worker parks the
             # message; a bug worth seeing, not a message outcome.

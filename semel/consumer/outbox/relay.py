@@ -37,6 +37,7 @@ from semel.consumer.backoff import Backoff
 from semel.consumer.broker.publishing import Published, publish_confirmed
 from semel.consumer.names import DEFAULT_EXCHANGE, IDEMPOTENCY_HEADER
 from semel.consumer.outbox.source import OutboxSource
+from semel.consumer.stopping import within
 from semel.stores.errors import StoreUnavailable
 from semel.stores.postgres.outbox import Ordering, OutboxMessage
 
@@ -123,18 +124,17 @@ class Relay:
     async def stop(self, task: asyncio.Task[None]) -> None:
         """End ``task`` (running :meth:`run`) once its pass is done, then send what is left.
 
-        Each step is bounded: rows not sent by then wait for the next relay.
+        Each step is bounded (:func:`semel.consumer.stopping.within`),
+        a pass cut short included: rows not sent by then wait for the next relay.
         """
         self._stopping.set()
+        ended = True
+        with contextlib.suppress(Exception):  # run() failing is also an end
+            ended = await within(STOP_WAIT, "the outbox relay's pass", task)
+        if not ended:
+            return  # a pass cut short leaves its rows unsent, never lost
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.shield(task), STOP_WAIT)
-        if not task.done():
-            task.cancel()  # a pass cut short leaves its rows unsent, never lost
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            return
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._last_passes(), STOP_WAIT)
+            await within(STOP_WAIT, "the outbox relay's last passes", self._last_passes())
 
     async def _last_passes(self) -> None:
         while await self.relay_once() >= self._batch:

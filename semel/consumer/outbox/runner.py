@@ -34,6 +34,7 @@ from semel.consumer.names import BROKER_CALL_TIMEOUT
 from semel.consumer.outbox.listener import Listener
 from semel.consumer.outbox.relay import BATCH, POLL_INTERVAL, Relay
 from semel.consumer.outbox.source import OutboxSource
+from semel.consumer.stopping import UNWIND, within
 from semel.stores.errors import StoreError
 from semel.stores.postgres.outbox import Ordering
 
@@ -100,11 +101,13 @@ async def running_relay(
         await relay.stop(relaying)
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await within(UNWIND, "the outbox listener, purge and watch", _ended(tasks))
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(channel.close(), BROKER_CALL_TIMEOUT)
+            await within(BROKER_CALL_TIMEOUT, "closing the relay's channel", channel.close())
+
+
+async def _ended(tasks: list[asyncio.Task[None]]) -> None:
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _purge_periodically(source: OutboxSource, interval: float) -> None:

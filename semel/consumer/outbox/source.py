@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
+from semel.consumer.stopping import UNWIND, within
 from semel.stores.postgres.outbox import Ordering, OutboxTable, Publish
 from semel.stores.postgres.outbox_pool import PooledOutbox
 from semel.stores.postgres.store import open_pool
@@ -19,6 +20,9 @@ from semel.stores.postgres.store import open_pool
 # A pass holds one connection while it publishes; the purge and the watch share
 # the other. LISTEN has a connection of its own (semel.consumer.outbox.listener).
 POOL_SIZE = 2
+# Seconds the pool's tasks get to end when it closes; a connection still out
+# (a pass left behind) is closed when it comes back.
+CLOSE_WAIT = 2.0
 
 
 class OutboxSource(Protocol):
@@ -46,7 +50,9 @@ class PostgresOutbox(PooledOutbox):
         await self.migrate_outbox()
 
     async def close(self) -> None:
-        await self._pool.close()
+        await within(
+            CLOSE_WAIT + UNWIND, "closing the outbox pool", self._pool.close(timeout=CLOSE_WAIT)
+        )
 
 
 async def open_outbox(

@@ -104,6 +104,8 @@ class Worker:
                 await self._cut_short()
                 return EXIT_FAILURE
             await self._drain()
+            with contextlib.suppress(Exception):  # the last turn's ACKs, before the close
+                await asyncio.wait_for(intake.settled(), BROKER_CALL_TIMEOUT)
             for channel in (publishing, consuming):
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(channel.close(), BROKER_CALL_TIMEOUT)
@@ -132,7 +134,8 @@ class Worker:
             observer=self._observer,
         )
         await consuming.get_queue(config.queue, ensure=True)  # it exists, or stop here
-        intake = Intake(consuming, config.queue, self._on_message)
+        # The channel is the intake's alone: its ACKs can be coalesced.
+        intake = Intake(consuming, config.queue, self._on_message, coalesce=True)
         self._gate = gate = StoreGate(self._store, intake)
         self._accepting = True
         try:

@@ -237,12 +237,22 @@ def release_update(fence: int, now: Instant, config: StoreConfig) -> Update:
     return update(LEASE_UPDATE.format(":now_ms"), OWNER_CONDITION, now, config, fence=fence)
 
 
-def reset_update(now: Instant, config: StoreConfig) -> Update:
-    expression = (
-        "SET #status = :in_progress, #claims = :zero, #lease_expires_at = :now_ms,"
-        " #updated_at = :now_ms, #expires_at = :live_until REMOVE #result, #error"
-    )
-    return update(expression, RESET_CONDITION, now, config)
+RESET_UPDATE = (
+    "SET #status = :in_progress, #claims = :zero, #lease_expires_at = :now_ms,"
+    " #updated_at = :now_ms, #expires_at = :live_until{} REMOVE #result, #error"
+)
+
+
+def reset_update(now: Instant, config: StoreConfig, fingerprint: str | None = None) -> Update:
+    """The reset; a ``fingerprint`` given replaces the item's (an edited body's).
+
+    A repeat the client sends is the same Update, so RESET_CONDITION's clause
+    for a repeated reset holds for it whether or not it sets a fingerprint.
+    """
+    if fingerprint is None:
+        return update(RESET_UPDATE.format(""), RESET_CONDITION, now, config)
+    expression = RESET_UPDATE.format(", #fingerprint = :fp")
+    return update(expression, RESET_CONDITION, now, config, fp=fingerprint)
 
 
 def fresh_item(

@@ -281,8 +281,8 @@ class DynamoDBStore(Store):
             return None
         return items.to_record(key, item)
 
-    async def reset(self, key: str) -> bool:
-        update = items.reset_update(Instant.now(), self.config)
+    async def reset(self, key: str, fingerprint: str | None = None) -> bool:
+        update = items.reset_update(Instant.now(), self.config, fingerprint)
         return await self._update(key, update)
 
     async def migrate(self) -> list[str]:

@@ -208,8 +208,8 @@ class PostgresStore(Store):
     async def heartbeat(self, key: str, fence: int) -> bool:
         return await self._write(self._sql.heartbeat, self._params(key, fence=fence))
 
-    async def reset(self, key: str) -> bool:
-        params = self._params(key, max_claims=self.config.max_claims)
+    async def reset(self, key: str, fingerprint: str | None = None) -> bool:
+        params = self._params(key, max_claims=self.config.max_claims, fingerprint=fingerprint)
         return await self._write(self._sql.reset, params)
 
     async def get(self, key: str) -> Record | None:

@@ -311,8 +311,10 @@ class RedisScripts(Store):
             return None
         return decode_record(key, reply)
 
-    async def reset(self, key: str) -> bool:
-        return await self._fenced(RESET, key, self._retention, self._max_claims)
+    async def reset(self, key: str, fingerprint: str | None = None) -> bool:
+        # No third argument keeps the record's fingerprint (an empty one is a value).
+        edited = () if fingerprint is None else (fingerprint.encode(),)
+        return await self._fenced(RESET, key, self._retention, self._max_claims, *edited)
 
     async def migrate(self) -> list[str]:
         """Nothing to create; check the server answers, and say what its set-up risks."""

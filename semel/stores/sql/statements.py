@@ -102,7 +102,10 @@ SET_HEARTBEAT = """lock_expires_at = {now_plus[ttl]}, updated_at = {now},
 # instant, so a heartbeat that lands after it (a renewal the release did not
 # wait for) finds it over and cannot hold the key for nobody.
 UNEXPIRED = FENCED + " AND lock_expires_at > {now}"
+# A NULL {p[fingerprint]} keeps the row's; one given is an edited body's, which
+# the next claim must bring.
 SET_RESET = """status = 'in_progress', claims = 0, result = NULL, error = NULL,
+    fingerprint = coalesce({p[fingerprint]}, fingerprint),
     lock_expires_at = {now}, updated_at = {now}, expires_at = {now_plus[hold]}"""
 # Only a failed key is reset, poison included: marked failed, or in progress
 # with its claims used up and no lease (the next claim would mark it). A row

@@ -192,8 +192,9 @@ class SqliteStore(Store):
     async def heartbeat(self, key: str, fence: int) -> bool:
         return await self._write(self._sql.heartbeat, self._params(key, fence=fence)) == 1
 
-    async def reset(self, key: str) -> bool:
-        return await self._write(self._sql.reset, self._params(key)) == 1
+    async def reset(self, key: str, fingerprint: str | None = None) -> bool:
+        params = self._params(key, fingerprint=fingerprint)
+        return await self._write(self._sql.reset, params) == 1
 
     async def get(self, key: str) -> Record | None:
         params = self._params(key, now=now_ms())
