@@ -30,6 +30,7 @@ SEND_DEADLINE = 120.0  # seconds one message may take to be confirmed, outages i
 LATE_AFTER = (1.0, 4.0)  # seconds after its original that a late copy is first tried
 LATE_RECHECK = 0.5  # seconds before a late copy asks the store again
 LATE_TRIES = 60  # then it goes out anyway, counted as not yet complete
+GATE_LEAD = 0.05  # share of the originals the producer may run ahead of a fault's gate
 # Share of the keys whose handler fails: once, on every attempt, or permanently.
 FAILURES = (("transient", 0.03), ("always", 0.005), ("permanent", 0.015))
 
@@ -152,6 +153,22 @@ class Publisher:
 Done = Callable[[str], Awaitable[bool]]
 
 
+@dataclass(slots=True)
+class Gate:
+    """A point of the originals' flow that holds the producer until a fault has run.
+
+    A fault that waits for handlers in flight falls behind the clock when
+    restarts are slow (a loaded machine): timed by the wall clock alone, the
+    last ones came after the originals had run out and found only late
+    copies, which run no handler. Held near the gate, the producer keeps a few
+    messages coming for the fault to find running.
+    """
+
+    share: float  # of the originals sent before the gate
+    reached: asyncio.Event = field(default_factory=asyncio.Event)
+    passed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 @dataclass(order=True)
 class _Late:
     due: float
@@ -159,17 +176,47 @@ class _Late:
     order: Order = field(compare=False)
 
 
+async def _hold_at(gates: list[Gate], index: int, originals: int) -> float:
+    """Reach the gates at or before ``index``; wait for those GATE_LEAD behind it
+    to be passed. Returns the seconds held."""
+    for gate in gates:
+        if gate.share * originals <= index:
+            gate.reached.set()
+    # Never more than GATE_LEAD of the originals past a fault not yet run: it
+    # finds them running, and the flow does not end before it does.
+    behind = [
+        gate.passed.wait()
+        for gate in gates
+        if (gate.share + GATE_LEAD) * originals <= index and not gate.passed.is_set()
+    ]
+    if not behind:
+        return 0.0
+    held = time.monotonic()
+    await asyncio.gather(*behind)
+    return time.monotonic() - held
+
+
 async def produce(
-    publisher: Publisher, orders: list[Order], rate: float, is_done: Done, rng: random.Random
+    publisher: Publisher,
+    orders: list[Order],
+    rate: float,
+    is_done: Done,
+    rng: random.Random,
+    gates: list[Gate] | None = None,
 ) -> Sent:
-    """Send every order with its copies at ``rate`` messages/s; late copies as keys finish."""
+    """Send every order with its copies at ``rate`` messages/s; late copies as keys finish.
+
+    Each of ``gates`` is reached at its share of the originals, and holds them
+    GATE_LEAD further on until it has been passed."""
     late: list[_Late] = []
     originals_done = asyncio.Event()
 
     async def originals() -> None:
         started = time.monotonic()
         sent = 0
-        for order in orders:
+        for index, order in enumerate(orders):
+            # The rate resumes after a hold, with no burst to catch up.
+            started += await _hold_at(gates or [], index, len(orders))
             await asyncio.sleep(max(0.0, started + sent / rate - time.monotonic()))
             # The original and its copies go out together: they race each other.
             await asyncio.gather(*(publisher.send(order) for _ in range(1 + order.copies)))

@@ -265,10 +265,12 @@ async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Repo
         supervisor = asyncio.create_task(pool.supervise())
         publisher = Publisher(node.url, settings.exchange)
         stack.push_async_callback(publisher.close)
+        gates = timeline.rolling_gates() if config.fault == ROLLING else []
         # Started before the faults, which may run for as long as it does.
-        producing = asyncio.ensure_future(
-            produce(publisher, orders, rate, done_checker(store), rng)
+        flowing = produce(
+            publisher, orders, rate, done_checker(store), rng, [gate for gate, _ in gates]
         )
+        producing = asyncio.ensure_future(flowing)
         try:
             faults: list[Awaitable[None]] = []
             if config.fault == CLASSIC:
@@ -279,7 +281,7 @@ async def run_chaos(config: ChaosConfig, node: RabbitNode | None = None) -> Repo
             elif config.fault == FULL:
                 faults.append(timeline.fill_up(server, pool))
             elif config.fault == ROLLING:
-                faults.append(timeline.rolling(pool))
+                faults.append(timeline.rolling(pool, gates))
                 timeline.detail = (
                     f"plain def handlers; {config.terms} SIGTERMs mid-handler "
                     f"(grace {config.rolling_grace:g}s), {config.kills} SIGKILLs"

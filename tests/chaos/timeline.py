@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tests.chaos.faults import STALLED_SLOT
+from tests.chaos.producer import Gate
 from tests.chaos.rabbit import RabbitNode
 from tests.chaos.servers import PrivateRedis, PrivateRedisTopology, StoreServer
 from tests.chaos.verdict import Window
@@ -78,20 +79,31 @@ class Timeline:
         else:
             log.info("kill %d: pid %d, %d handlers in flight", n + 1, kill.pid, kill.in_flight)
 
-    async def rolling(self, pool: Pool) -> None:
-        """SIGTERMs mid-handler (rolling restarts), with the run's SIGKILLs between them."""
+    def rolling_gates(self) -> list[tuple[Gate, str]]:
+        """The rolling restarts' SIGTERMs and the run's SIGKILLs between them, each
+        at a share of the originals that the producer holds at until it has run."""
         config = self.config
         moments = sorted(
             [(0.1 + 0.75 * n / max(1, config.terms - 1), "term") for n in range(config.terms)]
             + [(0.15 + 0.7 * n / max(1, config.kills - 1), "kill") for n in range(config.kills)]
         )
-        for n, (share, what) in enumerate(moments):
-            await self._at(share)
-            if what == "kill":
-                kill = await pool.kill_mid_handler(self.rng, after_effect=n % 2 == 0)
-                if kill is None:
-                    log.warning("kill: no handler in flight to cut short")
-                continue
+        return [(Gate(share), what) for share, what in moments]
+
+    async def rolling(self, pool: Pool, gates: list[tuple[Gate, str]]) -> None:
+        """SIGTERMs mid-handler (rolling restarts), with the run's SIGKILLs between them."""
+        for n, (gate, what) in enumerate(gates):
+            await gate.reached.wait()
+            try:
+                await self._rolling_fault(pool, n, what)
+            finally:
+                gate.passed.set()
+
+    async def _rolling_fault(self, pool: Pool, n: int, what: str) -> None:
+        if what == "kill":
+            kill = await pool.kill_mid_handler(self.rng, after_effect=n % 2 == 0)
+            if kill is None:
+                log.warning("kill: no handler in flight to cut short")
+        else:
             term = await pool.term_mid_handler(self.rng)
             if term is None:
                 log.warning("rolling restart: no handler in flight to cut short")
