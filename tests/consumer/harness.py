@@ -74,6 +74,9 @@ class Broker:
     def __init__(self, connection: AbstractConnection, channel: AbstractChannel) -> None:
         self.connection = connection
         self.channel = channel
+        # Every topology declared here, removed with the test's own: a test that
+        # overrides its retry tiers declares queues its fixture's settings do not name.
+        self._declared: list[Settings] = []
 
     @classmethod
     async def connect(cls, url: str) -> Broker:
@@ -110,6 +113,7 @@ class Broker:
 
     async def declare(self, settings: Settings) -> None:
         """Declare the topology as the consumer would, so a test can publish first."""
+        self._declared.append(settings)
         await declare(self.connection, topology_of(settings))
 
     async def depth(self, queue: str) -> int:
@@ -160,10 +164,17 @@ class Broker:
 
     async def delete_topology(self, settings: Settings) -> None:
         channel = await self.connection.channel()
-        names = Topology(settings.queue)
-        for spec in queue_specs(topology_of(settings)):
-            await channel.queue_delete(spec.name)
-        for exchange in (settings.exchange, names.retry_exchange, names.dead_letter_exchange):
+        queues: dict[str, None] = {}
+        exchanges: dict[str, None] = {}
+        for each in (settings, *self._declared):
+            names = Topology(each.queue)
+            queues |= dict.fromkeys(spec.name for spec in queue_specs(topology_of(each)))
+            exchanges |= dict.fromkeys(
+                (each.exchange, names.retry_exchange, names.dead_letter_exchange)
+            )
+        for queue in queues:
+            await channel.queue_delete(queue)
+        for exchange in exchanges:
             await channel.exchange_delete(exchange)
         await channel.close()
 
