@@ -54,6 +54,15 @@ async def connection(settings: Settings) -> AsyncIterator[AbstractConnection]:
 
 
 @pytest.fixture
+async def declared(connection: AbstractConnection, settings: Settings) -> AsyncIterator[None]:
+    """The test's topology; the audit queue some commands declare deleted after."""
+    await topology.declare(connection, topology_of(settings))
+    yield
+    channel = await connection.channel()
+    await channel.queue_delete(Topology(settings.queue).dead_letter_queue + ".audit")
+
+
+@pytest.fixture
 async def channel(connection: AbstractConnection) -> AbstractChannel:
     return await connection.channel(publisher_confirms=True, on_return_raises=True)
 

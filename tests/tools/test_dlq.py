@@ -38,11 +38,6 @@ from tests.tools.conftest import (
 pytestmark = pytest.mark.timeout(90)
 
 
-@pytest.fixture
-async def declared(connection: AbstractConnection, settings: Settings) -> None:
-    await topology.declare(connection, topology_of(settings))
-
-
 async def failed_key(store: Store, key: str) -> None:
     """The store state the consumer leaves before dead-lettering: claimed, then failed."""
     claim = await store.claim(key, FINGERPRINT)

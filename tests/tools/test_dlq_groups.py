@@ -8,13 +8,11 @@ from typing import Any
 
 import aio_pika
 import pytest
-from aio_pika.abc import AbstractChannel, AbstractConnection
+from aio_pika.abc import AbstractChannel
 
 from semel.consumer import names
-from semel.consumer.broker import topology
 from semel.consumer.broker.letter_filters import Fingerprint
 from semel.consumer.names import Reason, Topology
-from semel.consumer.plan import topology_of
 from semel.settings import Settings
 from semel.stores.base import Outcome, Store
 from tests.conftest import StoreFactory
@@ -32,11 +30,6 @@ pytestmark = pytest.mark.timeout(90)
 
 REFUSED = ("httpx.ConnectError", "shop.payments:Client.charge:42")
 DECLINED = ("shop.errors.CardDeclined", "shop.handlers:charge:17")
-
-
-@pytest.fixture
-async def declared(connection: AbstractConnection, settings: Settings) -> None:
-    await topology.declare(connection, topology_of(settings))
 
 
 async def letter(

@@ -31,10 +31,8 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiormq.exceptions import ChannelLockedResource, ChannelNotFoundEntity
 
 from semel.consumer import names
-from semel.consumer.broker import topology
 from semel.consumer.broker.turn import Action, Keep, Letter, LockHeld, TurnReport, turn
 from semel.consumer.names import Reason, Topology
-from semel.consumer.plan import topology_of
 from semel.settings import Settings
 from tests.conftest import settings_env
 from tests.tools.conftest import KEY_HEADER, drain, eventually, wait_for_depth
@@ -168,11 +166,6 @@ async def kill_midway(
     assert process.returncode in (-signal.SIGKILL, 0), stderr.decode()
     outcome = "killed" if process.returncode else "done"
     return f"{' '.join(args)}: {outcome} {moment:.3f}s after the lock"
-
-
-@pytest.fixture
-async def declared(connection: AbstractConnection, settings: Settings) -> None:
-    await topology.declare(connection, topology_of(settings))
 
 
 @pytest.mark.usefixtures("declared")

@@ -9,30 +9,20 @@ import pty
 import select
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from aio_pika.abc import AbstractChannel, AbstractConnection
+from aio_pika.abc import AbstractChannel
 
-from semel.consumer.broker import letter_manage, topology
+from semel.consumer.broker import letter_manage
 from semel.consumer.names import Reason, Topology
-from semel.consumer.plan import topology_of
 from semel.settings import Settings, derived
 from tests.conftest import settings_env
 from tests.tools.conftest import dead_letter, depth, eventually, semel, wait_for_depth
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-async def declared(connection: AbstractConnection, settings: Settings) -> AsyncIterator[None]:
-    """The test's topology; its audit queue (which the commands declare) deleted after."""
-    await topology.declare(connection, topology_of(settings))
-    yield
-    channel = await connection.channel()
-    await channel.queue_delete(Topology(settings.queue).dead_letter_queue + ".audit")
 
 
 async def listed(settings: Settings, *args: str) -> list[dict[str, Any]]:

@@ -19,9 +19,7 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 from semel.consumer import names
-from semel.consumer.broker import topology
 from semel.consumer.names import H_TURN, Reason, Topology
-from semel.consumer.plan import topology_of
 from semel.settings import Settings
 from tests.conftest import SettingsFactory
 from tests.consumer.conftest import FAST
@@ -47,11 +45,6 @@ def settings(make_settings: SettingsFactory, rabbitmq_server: str) -> Settings:
     run = uuid.uuid4().hex[:10]
     private = {"amqp_url": rabbitmq_server, "queue": f"t.replayopts.{run}"}
     return make_settings(**(FAST | private | {"exchange": f"t.replayopts.{run}.events"}))
-
-
-@pytest.fixture
-async def declared(connection: AbstractConnection, settings: Settings) -> None:
-    await topology.declare(connection, topology_of(settings))
 
 
 @dataclass(frozen=True, slots=True)

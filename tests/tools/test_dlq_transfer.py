@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -48,15 +47,6 @@ def settings(make_settings: SettingsFactory, rabbitmq_server: str) -> Settings:
     run = uuid.uuid4().hex[:10]
     private = {"amqp_url": rabbitmq_server, "queue": f"t.tools.{run}", "exchange": f"t.{run}.ev"}
     return make_settings(**(FAST | private))
-
-
-@pytest.fixture
-async def declared(connection: AbstractConnection, settings: Settings) -> AsyncIterator[None]:
-    """The test's topology; its audit queue (which the commands declare) deleted after."""
-    await topology.declare(connection, topology_of(settings))
-    yield
-    channel = await connection.channel()
-    await channel.queue_delete(Topology(settings.queue).dead_letter_queue + ".audit")
 
 
 async def export(settings: Settings, *args: str) -> list[dict[str, Any]]:

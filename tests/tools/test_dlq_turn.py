@@ -24,7 +24,6 @@ from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
 from semel.consumer import names
-from semel.consumer.broker import topology
 from semel.consumer.broker.turn import (
     Action,
     Drop,
@@ -38,7 +37,6 @@ from semel.consumer.broker.turn import (
 )
 from semel.consumer.broker.turn_actions import Properties, kept_headers
 from semel.consumer.names import Reason, Topology
-from semel.consumer.plan import topology_of
 from semel.settings import Settings
 from tests.conftest import Rabbitmqctl
 from tests.tools.conftest import (
@@ -322,11 +320,6 @@ async def test_a_returned_send_is_told_apart_from_a_copy_with_its_message_id(
         await (await link[0].channel()).exchange_delete(nowhere)
     assert (report.sent, report.refused, report.kept) == (0, pairs, 2 * pairs)
     await wait_for_depth(link[1], dlq, 2 * pairs)
-
-
-@pytest.fixture
-async def declared(connection: AbstractConnection, settings: Settings) -> None:
-    await topology.declare(connection, topology_of(settings))
 
 
 @pytest.mark.usefixtures("declared")
