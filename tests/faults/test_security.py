@@ -10,6 +10,7 @@ plain-text servers. Key namespacing is in ``test_key_prefix.py``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import struct
@@ -17,13 +18,16 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from semel.settings import Settings
 from tests.conftest import POSTGRES_DSN, SettingsFactory, open_store, settings_env
-from tests.consumer.harness import ConsumerProcess
+from tests.consumer.harness import Broker, ConsumerProcess
 from tests.servers import ROOT, free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -33,6 +37,31 @@ ENCODED_SECRET = "p%40ss%2Fw0rd%3Ahidden"  # p@ss/w0rd:hidden, URL-encoded
 SECRETS = (SECRET, ENCODED_SECRET, "p@ss/w0rd:hidden")
 TLS_HANDSHAKE = 0x16  # first byte of a TLS record carrying a ClientHello
 PG_SSL_REQUEST = struct.pack("!ii", 8, 80877103)
+
+
+@pytest.fixture
+def make_settings(make_settings: SettingsFactory) -> Iterator[SettingsFactory]:
+    """The shared factory, on a queue and exchange of the test's own, removed after it:
+    a consumer started here declares its topology before its store fails."""
+    private = {"queue": f"t.security.{uuid.uuid4().hex[:8]}"}
+    private["exchange"] = f"{private['queue']}.events"
+    made: list[Settings] = []
+
+    def factory(**overrides: Any) -> Settings:
+        made.append(make_settings(**(private | overrides)))
+        return made[-1]
+
+    yield factory
+    if made:
+        asyncio.run(delete_topology(made[0]))
+
+
+async def delete_topology(settings: Settings) -> None:
+    broker = await Broker.connect(settings.amqp_url)
+    try:
+        await broker.delete_topology(settings)
+    finally:
+        await broker.close()
 
 
 def semel(env: dict[str, str], *args: str, limit: float = 40) -> subprocess.CompletedProcess[str]:
