@@ -44,12 +44,14 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -75,6 +77,9 @@ management.tcp.ip = {ip}
 management.tcp.port = {management_port}
 collect_statistics_interval = 500
 """
+STARTUP_STEP = 15  # seconds of one await_startup: RabbitMQ reports a hung boot after 15-20
+# RabbitMQ's own words (see RabbitCluster._unstick); the peer's name is the group.
+HANG_REPORT = re.compile(r"Global hang workaround: global state on (\S+) seems broken")
 # The management plugin runs on every node: only its API counts the messages a
 # quorum queue holds for dead-lettering (messages_dlx), which a run checks.
 MANAGEMENT_PORT = 15672
@@ -176,6 +181,15 @@ class ClusterNode:
             return int((self.home / "node.pid").read_text().strip())
         except (OSError, ValueError):
             return None
+
+    def hang_reports(self) -> list[str]:
+        """The peers named by each "Global hang workaround" line of the node's log, in order."""
+        log = self.home / "log" / f"{self.name}.log"
+        try:
+            text = log.read_text(errors="replace")
+        except FileNotFoundError:
+            return []
+        return HANG_REPORT.findall(text)
 
     def log_tail(self, lines: int = 20) -> str:
         logs = sorted((self.home / "log").glob("*.log"), key=lambda p: p.stat().st_mtime)
@@ -301,15 +315,17 @@ class RabbitCluster:
     async def await_startup(self, node: ClusterNode, deadline: float) -> None:
         # The detached server registers its name a moment after the command returns.
         end = time.monotonic() + deadline
+        handled = {node.name: node.hang_reports()}
         while True:
             try:
-                await node.ctl(
-                    "await_startup", "--timeout", str(int(deadline)), limit=deadline + 10
-                )
+                # In short waits: a boot hung in global's sync is unstuck between them.
+                await node.ctl("await_startup", "--timeout", str(STARTUP_STEP),
+                               limit=STARTUP_STEP + 10)  # fmt: skip
                 return
             except RuntimeError as exc:
                 if time.monotonic() > end or (node.home / "erl_crash.dump").exists():
                     raise RuntimeError(f"{exc}\n{node.log_tail()}") from None
+            await self._unstick(node, handled, None)
             await asyncio.sleep(0.5)
 
     async def _join(self) -> None:
@@ -351,20 +367,57 @@ class RabbitCluster:
             return set(json.loads(out).get("running_nodes", []))
         return set()
 
-    async def await_running(self, deadline: float, nodes: list[ClusterNode] | None = None) -> None:
-        """Wait until every node (of ``nodes``) sees every one of them running."""
+    async def await_running(
+        self,
+        deadline: float,
+        nodes: list[ClusterNode] | None = None,
+        note: Callable[[str], None] | None = None,
+    ) -> None:
+        """Wait until every node (of ``nodes``) sees every one of them running.
+
+        A node whose boot hangs in ``global``'s sync is unstuck on the way (see
+        :meth:`_unstick`); ``note`` is told when that happens.
+        """
         wanted = nodes or self.nodes
         names = {node.name for node in wanted}
         end = time.monotonic() + deadline
+        handled = {node.name: node.hang_reports() for node in self.nodes}
         while True:
             seen = await asyncio.gather(*(self.running_nodes(node) for node in wanted))
             if all(names <= view for view in seen):
                 return
+            for node in self.nodes:
+                await self._unstick(node, handled, note)
             if time.monotonic() > end:
                 missing = [node for node in wanted if not all(node.name in v for v in seen)]
                 tails = "\n".join(node.log_tail(40) for node in missing)
                 raise RuntimeError(f"cluster not whole after {deadline:g}s: {seen}\n{tails}")
             await asyncio.sleep(0.5)
+
+    async def _unstick(
+        self,
+        node: ClusterNode,
+        handled: dict[str, list[str]],
+        note: Callable[[str], None] | None,
+    ) -> None:
+        """Disconnect ``node`` from the peer its ``global`` waits on, if it reported one.
+
+        RabbitMQ 3.10 watches its boot's ``global:sync()`` and, when it hangs
+        (it does, after some partitions heal: about one run in four here),
+        logs "Global hang workaround" and fakes a nodedown/nodeup to unblock
+        it. On OTP 25 those messages lack the connection id global now
+        expects ("The global_name_server received an unexpected message"), so
+        nothing unblocks and the node never finishes booting. A real
+        disconnect is what the workaround means to cause: global sees the
+        connection go, the nodes reconnect, and the sync starts over.
+        """
+        reports = node.hang_reports()
+        for peer in reports[len(handled[node.name]) :]:
+            with contextlib.suppress(RuntimeError):
+                await node.ctl("eval", f"erlang:disconnect_node('{peer}').", limit=30)
+            if note is not None:
+                note(f"{node.name}'s boot hung in global's sync with {peer}: disconnected")
+        handled[node.name] = reports
 
     async def restore(self, deadline: float = 120.0) -> None:
         """Bring back whatever an earlier fault left down: links up, nodes started, apps started."""

@@ -114,7 +114,7 @@ async def leader_kill(
     _note_moves(record, "moved off it")
     await asyncio.sleep(max(0.0, record.began + down - time.time()))
     await cluster.start_node(leader)
-    await cluster.await_running(WHOLE_DEADLINE)
+    await cluster.await_running(WHOLE_DEADLINE, note=record.note)
     record.ended = time.time()
     record.note(f"{leader.name} started again, cluster whole")
 
@@ -133,7 +133,7 @@ async def rolling(
         record.note(f"{node.name} stop_app")
         await asyncio.sleep(down)
         await cluster.start_app(node)
-        await cluster.await_running(WHOLE_DEADLINE)
+        await cluster.await_running(WHOLE_DEADLINE, note=record.note)
         record.note(f"{node.name} start_app, cluster whole")
     record.ended = time.time()
 
@@ -165,5 +165,5 @@ async def partition(
     cluster.heal(node)
     record.ended = time.time()
     record.note(f"{node.name}'s link up")
-    await cluster.await_running(WHOLE_DEADLINE)
+    await cluster.await_running(WHOLE_DEADLINE, note=record.note)
     record.note("cluster whole")

@@ -111,7 +111,7 @@ async def storm(
             record.note(f"leader of {settings.queue} on {elected.name}")
         await asyncio.sleep(max(0.0, killed_at + down - time.time()))
         await cluster.start_node(target)
-        await cluster.await_running(120)
+        await cluster.await_running(120, note=record.note)
         record.note(f"{target.name} started again, cluster whole")
     record.ended = time.time()
 
