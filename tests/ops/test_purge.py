@@ -6,15 +6,17 @@ import asyncio
 import contextlib
 import sqlite3
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from semel.consumer.runtime.purge import purge
 from semel.settings import Settings
 from semel.stores.base import Outcome, Store
-from tests.conftest import SettingsFactory, StoreFactory, open_store
+from tests.conftest import POSTGRES_DSN, SettingsFactory, StoreFactory, open_store
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
 from tests.consumer.harness import Broker, eventually
 from tests.ops.conftest import scrape
@@ -26,8 +28,14 @@ EXAMPLE = "semel.consumer.examples:order_paid"
 FP = "f" * 64
 
 
-def private_table() -> str:
-    return f"semel_purge_{uuid.uuid4().hex[:8]}"
+@pytest.fixture
+def private_table(backend: str) -> Iterator[str]:
+    """A key table of the test's own, dropped from PostgreSQL after it."""
+    table = f"semel_purge_{uuid.uuid4().hex[:8]}"
+    yield table
+    if backend == "postgres":
+        with psycopg.connect(POSTGRES_DSN, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
 
 
 async def rows(settings: Settings, prefix: str) -> int:
@@ -53,11 +61,14 @@ async def completed(store: Store, keys: list[str]) -> None:
 
 @pytest.mark.parametrize("backend", ["postgres", "sqlite"])
 async def test_expired_keys_disappear_while_the_consumer_runs_and_live_ones_stay(
-    consumer_settings: ConsumerSettings, broker: Broker, start_consumer: StartConsumer
+    private_table: str,  # first: dropped after everything that uses it has closed
+    consumer_settings: ConsumerSettings,
+    broker: Broker,
+    start_consumer: StartConsumer,
 ) -> None:
     # A two-second retention: the background purge runs every two seconds.
     settings = consumer_settings(
-        postgres_table=private_table(), retention=2.0, metrics_port=free_port(), handler=EXAMPLE
+        postgres_table=private_table, retention=2.0, metrics_port=free_port(), handler=EXAMPLE
     )
     keeper = settings.model_copy(
         update={"retention": 3600.0, "key_prefix": "live" + uuid.uuid4().hex[:6]}
@@ -85,10 +96,10 @@ async def test_expired_keys_disappear_while_the_consumer_runs_and_live_ones_stay
 
 @pytest.mark.parametrize("backend", ["postgres", "sqlite"])
 async def test_two_workers_purging_at_once_delete_each_expired_key_once(
-    make_store: StoreFactory, make_settings: SettingsFactory
+    private_table: str, make_store: StoreFactory, make_settings: SettingsFactory
 ) -> None:
     # Processes started together may purge together: harmless, each key goes once.
-    table = private_table()
+    table = private_table
     short: dict[str, Any] = {"postgres_table": table, "retention": 0.3, "lock_ttl": 0.3}
     first = await make_store(**short)
     second = await make_store(**short, key_prefix=first.config.key_prefix)
