@@ -179,7 +179,15 @@ class Proxy:
     def hang_up(self) -> None:
         """Close every client connection, as a server's idle timeout does."""
         for writer in self.clients:
-            writer.close()
+            _close(writer)
+
+
+def _close(writer: asyncio.StreamWriter) -> None:
+    # Once only: Python 3.11's TLS transport forgets its protocol on a second
+    # close, and a later abort() then fails (AttributeError in sslproto) instead
+    # of cutting the socket; seen once in CI's fresh-machine lane.
+    if not writer.is_closing():
+        writer.close()
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -190,7 +198,7 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     except OSError:
         pass  # either side cut the connection (an SSL error is an OSError too)
     finally:
-        writer.close()
+        _close(writer)
 
 
 @contextlib.asynccontextmanager
@@ -216,7 +224,7 @@ async def tls_proxy(pair: Pair, upstream: str) -> AsyncIterator[Proxy]:
             await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
         finally:
             proxy.clients.discard(writer)
-            writer.close()
+            _close(writer)
 
     server = await asyncio.start_server(connection, "127.0.0.1", 0, ssl=context)
     proxy.url = f"https://localhost:{server.sockets[0].getsockname()[1]}"
