@@ -236,6 +236,7 @@ class RabbitCluster:
         self.base = private_dir(f"semel-cluster-{self.slot}-", owner="rabbitmq")
         self.nodes = [ClusterNode(i, self.slot, self.base / f"n{i}") for i in range(1, size + 1)]
         self.started_in = 0.0  # seconds from nothing to a running cluster
+        self._hangs_handled: dict[str, int] = {}  # a node's hang reports acted on so far
         self._cleanup = on_exit(self._teardown)
 
     @property
@@ -315,7 +316,6 @@ class RabbitCluster:
     async def await_startup(self, node: ClusterNode, deadline: float) -> None:
         # The detached server registers its name a moment after the command returns.
         end = time.monotonic() + deadline
-        handled = {node.name: node.hang_reports()}
         while True:
             try:
                 # In short waits: a boot hung in global's sync is unstuck between them.
@@ -325,7 +325,7 @@ class RabbitCluster:
             except RuntimeError as exc:
                 if time.monotonic() > end or (node.home / "erl_crash.dump").exists():
                     raise RuntimeError(f"{exc}\n{node.log_tail()}") from None
-            await self._unstick(node, handled, None)
+            await self._unstick(node)
             await asyncio.sleep(0.5)
 
     async def _join(self) -> None:
@@ -381,29 +381,23 @@ class RabbitCluster:
         wanted = nodes or self.nodes
         names = {node.name for node in wanted}
         end = time.monotonic() + deadline
-        handled = {node.name: node.hang_reports() for node in self.nodes}
         while True:
             seen = await asyncio.gather(*(self.running_nodes(node) for node in wanted))
             if all(names <= view for view in seen):
                 return
             for node in self.nodes:
-                await self._unstick(node, handled, note)
+                await self._unstick(node, note)
             if time.monotonic() > end:
                 missing = [node for node in wanted if not all(node.name in v for v in seen)]
                 tails = "\n".join(node.log_tail(40) for node in missing)
                 raise RuntimeError(f"cluster not whole after {deadline:g}s: {seen}\n{tails}")
             await asyncio.sleep(0.5)
 
-    async def _unstick(
-        self,
-        node: ClusterNode,
-        handled: dict[str, list[str]],
-        note: Callable[[str], None] | None,
-    ) -> None:
+    async def _unstick(self, node: ClusterNode, note: Callable[[str], None] | None = None) -> None:
         """Disconnect ``node`` from the peer its ``global`` waits on, if it reported one.
 
         RabbitMQ 3.10 watches its boot's ``global:sync()`` and, when it hangs
-        (it does, after some partitions heal: about one run in four here),
+        (it does after some partitions heal: 2 heals in 34 here),
         logs "Global hang workaround" and fakes a nodedown/nodeup to unblock
         it. On OTP 25 those messages lack the connection id global now
         expects ("The global_name_server received an unexpected message"), so
@@ -412,12 +406,12 @@ class RabbitCluster:
         connection go, the nodes reconnect, and the sync starts over.
         """
         reports = node.hang_reports()
-        for peer in reports[len(handled[node.name]) :]:
+        for peer in reports[self._hangs_handled.get(node.name, 0) :]:
             with contextlib.suppress(RuntimeError):
                 await node.ctl("eval", f"erlang:disconnect_node('{peer}').", limit=30)
             if note is not None:
                 note(f"{node.name}'s boot hung in global's sync with {peer}: disconnected")
-        handled[node.name] = reports
+        self._hangs_handled[node.name] = len(reports)
 
     async def restore(self, deadline: float = 120.0) -> None:
         """Bring back whatever an earlier fault left down: links up, nodes started, apps started."""

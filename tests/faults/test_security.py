@@ -43,8 +43,8 @@ PG_SSL_REQUEST = struct.pack("!ii", 8, 80877103)
 def make_settings(make_settings: SettingsFactory) -> Iterator[SettingsFactory]:
     """The shared factory, on a queue and exchange of the test's own, removed after it:
     a consumer started here declares its topology before its store fails."""
-    private = {"queue": f"t.security.{uuid.uuid4().hex[:8]}"}
-    private["exchange"] = f"{private['queue']}.events"
+    queue = f"t.security.{uuid.uuid4().hex[:8]}"
+    private = {"queue": queue, "exchange": f"{queue}.events"}
     made: list[Settings] = []
 
     def factory(**overrides: Any) -> Settings:
