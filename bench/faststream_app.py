@@ -41,6 +41,7 @@ from faststream.rabbit import Channel, RabbitBroker, RabbitQueue
 from bench.baseline import DEFAULT_PREFETCH
 from bench.children import MIDDLEWARE_ENV, PROFILE_ENV, SEMEL_MIDDLEWARE
 from semel.consumer.embedded import Semel
+from semel.consumer.ops.collector import tune_gc
 
 LOOP_FACTORY: Callable[[], asyncio.AbstractEventLoop] | None = None
 with contextlib.suppress(ImportError):
@@ -121,6 +122,9 @@ async def consume(
             loop.add_signal_handler(signum, stop.set)
         async with broker:
             await broker.start()
+            # As docs/faststream.md advises an app with the middleware; the bare
+            # app too, so that the two differ by the middleware alone.
+            tune_gc()
             with profiled(profile):
                 await stop.wait()
 

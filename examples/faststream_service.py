@@ -48,6 +48,7 @@ async def open_semel() -> None:
 @app.after_startup
 async def declare_semel_queues() -> None:
     await engine.door(engine.settings.queue)  # retry tiers, conflict queue, DLQ
+    semel.tune_gc()  # the collector set for hundreds of deliveries in flight
 
 
 @app.after_shutdown

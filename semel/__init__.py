@@ -8,7 +8,9 @@ The packages live under this one name so that a service's own top-level
 For code that consumes or calls on its own (a FastStream app, an aio-pika
 callback, a web endpoint), ``from semel import Semel``: the engine those front
 doors share (see ``semel.consumer.embedded``); to produce, ``Publisher`` (or
-``SyncPublisher``) publishes the way semel's consumer reads. The names below are imported on
+``SyncPublisher``) publishes the way semel's consumer reads; ``tune_gc()``, called
+once such an app has started, sets Python's garbage collector for hundreds of
+deliveries in flight, as ``semel consume`` does for itself. The names below are imported on
 first use, so ``import semel`` stays cheap for a worker or a command.
 """
 
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
     from semel.consumer import Context, PermanentError
     from semel.consumer.embedded import Semel, current
     from semel.consumer.embedded.publishing import Publisher, SyncPublisher
+    from semel.consumer.ops.collector import tune_gc
     from semel.consumer.producer import Answer, Message, Receipt, Retry
     from semel.settings import Settings
 
@@ -36,6 +39,7 @@ _PUBLIC = {
     "Message": "semel.consumer.producer",
     "Receipt": "semel.consumer.producer",
     "Retry": "semel.consumer.producer",
+    "tune_gc": "semel.consumer.ops.collector",
 }
 
 __all__ = [
@@ -50,6 +54,7 @@ __all__ = [
     "Settings",
     "SyncPublisher",
     "current",
+    "tune_gc",
 ]
 
 

@@ -9,6 +9,7 @@ several processes can share it), which is how the tests count runs.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import time
@@ -93,3 +94,8 @@ def oversized(context: Context) -> Any:
 def unserialisable(context: Context) -> Any:
     """A result that is not JSON."""
     return {"when": object()}
+
+
+async def collector(context: Context) -> Any:
+    """The garbage collector's settings in the worker's process, as the handler sees them."""
+    return {"threshold": list(gc.get_threshold()), "frozen": gc.get_freeze_count()}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ from semel.consumer import Context
 from semel.consumer.broker.topology import queue_specs
 from semel.consumer.delivery.message import fingerprint
 from semel.consumer.names import Topology
+from semel.consumer.ops.collector import FIRST_GENERATION_THRESHOLD
 from semel.consumer.plan import topology_of
 from semel.settings import LogFormat, LogLevel, Settings
 from semel.stores.base import Outcome, Status, Store
@@ -350,3 +352,26 @@ async def test_the_bundled_example_handler_runs_from_the_environment_alone(
         assert {"fence", "attempt", "duration_ms", "level", "timestamp"} <= line.keys()
     assert (settled["paid-1"]["level"], settled["paid-2"]["level"]) == ("debug", "info")
     assert "A-1" not in worker.output()
+
+
+async def test_the_worker_sets_its_garbage_collector_once_started(
+    settings: Settings, broker: Broker, store: Store, tmp_path: Path
+) -> None:
+    """``semel consume`` freezes what start-up built and collects the young generation
+    less often: hundreds of deliveries in flight no longer make the collector
+    walk them every 700 allocations (see semel.consumer.ops.collector)."""
+    worker_settings = settings.model_copy(update={"handler": "tests.consumer.handlers:collector"})
+    await broker.declare(worker_settings)
+    await broker.publish(worker_settings, {"n": 1}, key="gc-1")
+    with processes() as started:
+        worker = ConsumerProcess(worker_settings, tmp_path / "worker.log").start()
+        started.append(worker)
+        await eventually(lambda: status_is(store, "gc-1", Status.COMPLETED), 20, "completed")
+        worker.signal(signal.SIGTERM)
+        assert await worker.wait() == 0, worker.output()
+    record = await store.get("gc-1")
+    assert record is not None
+    threshold, frozen = record.result["threshold"], record.result["frozen"]
+    assert threshold == [FIRST_GENERATION_THRESHOLD, *gc.get_threshold()[1:]]
+    # The modules, the container, the connections and the handler: frozen.
+    assert frozen > 10_000

@@ -3,6 +3,7 @@ public names."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 
 import semel
 from semel.consumer.errors import ConfigurationError
+from semel.consumer.ops.collector import FIRST_GENERATION_THRESHOLD
 from semel.settings import Settings
 
 pytestmark = pytest.mark.timeout(30)
@@ -45,6 +47,22 @@ def test_import_semel_stays_light() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
+
+
+def test_tune_gc_freezes_start_up_and_collects_the_young_generation_less_often() -> None:
+    """What an app with a front door calls once started (a process of its own: the
+    test process's collector is left alone)."""
+    script = (
+        "import gc, json, semel\n"
+        "before = gc.get_threshold()\n"
+        "semel.tune_gc()\n"
+        "print(json.dumps([before, gc.get_threshold(), gc.get_freeze_count()]))\n"
+    )
+    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, check=True)
+    before, after, frozen = json.loads(shown.stdout)
+    assert before[0] == 700  # CPython's default, for the comparison
+    assert after == [FIRST_GENERATION_THRESHOLD, before[1], before[2]]
+    assert frozen > 0
 
 
 async def test_a_decorated_function_runs_once_in_the_engines_store(redis_server: str) -> None:

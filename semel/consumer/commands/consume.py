@@ -34,6 +34,7 @@ from semel.consumer.commands.common import fail
 from semel.consumer.container import Container, container_with, shutdown
 from semel.consumer.delivery.thread_watch import THREAD_LEASES, exit_now
 from semel.consumer.errors import BrokerUnavailable, SemelError
+from semel.consumer.ops.collector import tune_gc
 from semel.consumer.ops.health import Health
 from semel.consumer.ops.logs import configure
 from semel.consumer.outboxes import relaying, relays_in_consumer
@@ -53,11 +54,14 @@ log = structlog.get_logger("semel.consume")
 
 
 async def run_consumer(
-    container: Container | None = None, stop: asyncio.Event | None = None
+    container: Container | None = None,
+    stop: asyncio.Event | None = None,
+    started: Callable[[], None] | None = None,
 ) -> int:
     """Run the consumer until ``stop`` (default: SIGTERM / SIGINT); returns the exit code.
 
-    Raises a :class:`semel.consumer.errors.SemelError` when start-up fails.
+    ``started`` is called once everything is open, just before the workers
+    consume. Raises a :class:`semel.consumer.errors.SemelError` when start-up fails.
     """
     container = container or Container()
     configure(container.logs())  # a bad setting fails here, before anything opens
@@ -100,6 +104,8 @@ async def run_consumer(
             relay = relaying(settings, connection, units, watch)
         try:
             async with relay:
+                if started is not None:
+                    started()
                 return await run_all(workers, stop or stop_on_signals())
         finally:
             for returns in delays:
@@ -184,7 +190,8 @@ def consume_command(
     try:
         try:
             with asyncio.Runner(loop_factory=LOOP_FACTORY) as runner:
-                code = runner.run(run_consumer(container))
+                # The process is the worker's alone: its collector is set for it.
+                code = runner.run(run_consumer(container, started=tune_gc))
         except SemelError as exc:
             fail(str(exc) or type(exc).__name__, exc.exit_code)
         raise typer.Exit(code)
