@@ -205,6 +205,21 @@ class InProcessConsumer:
         await eventually(attached, 20, "consumer attached")
         return self
 
+    def settled(self, outcome: str, reason: str = "") -> int:
+        """Deliveries settled so far as ``outcome`` (``semel_messages_total``)."""
+        registry = self.container.metrics().registry
+        labels = {"outcome": outcome, "reason": reason}
+        return int(registry.get_sample_value("semel_messages_total", labels) or 0)
+
+    async def until_settled(self, outcome: str, count: int, reason: str = "") -> None:
+        """Wait until ``count`` deliveries have settled as ``outcome``: unlike a
+        queue's depth, this also counts copies held where no depth shows them."""
+
+        async def reached() -> bool:
+            return self.settled(outcome, reason) >= count
+
+        await eventually(reached, 20, f"{count} deliveries settled as {outcome} {reason}")
+
     async def finish(self, deadline: float = 30) -> int:
         """Ask it to stop (like SIGTERM) and return its exit code."""
         assert self.task is not None

@@ -11,14 +11,13 @@ import pytest
 
 from semel.consumer.delivery.message import fingerprint
 from semel.consumer.names import Topology
-from semel.consumer.ops.metrics import Metrics
 from semel.settings import Settings
 from semel.stores.base import Claim, ClaimRequest, DelegatingStore, Outcome, Status, Store
 from semel.stores.errors import KeyRefused
 from tests.conftest import open_store
 from tests.consumer.conftest import ConsumerSettings, StartConsumer
 from tests.consumer.handlers import read_ledger
-from tests.consumer.harness import Broker, InProcessConsumer, eventually
+from tests.consumer.harness import Broker, InProcessConsumer
 
 pytestmark = [
     pytest.mark.parametrize("backend", ["redis", "postgres"]),
@@ -57,21 +56,6 @@ async def counted(settings: Settings) -> AsyncIterator[CountedClaims]:
         await opened.close()
 
 
-def settled(consumer: InProcessConsumer, outcome: str, reason: str = "") -> int:
-    metrics: Metrics = consumer.container.metrics()
-    labels = {"outcome": outcome, "reason": reason}
-    return int(metrics.registry.get_sample_value("semel_messages_total", labels) or 0)
-
-
-async def until_settled(
-    consumer: InProcessConsumer, outcome: str, count: int, reason: str = ""
-) -> None:
-    async def reached() -> bool:
-        return settled(consumer, outcome, reason) >= count
-
-    await eventually(reached, 20, f"{count} deliveries settled as {outcome} {reason}")
-
-
 def runs(ledger: Path, key: str) -> int:
     return sum(1 for e in read_ledger(ledger) if e["key"] == key and e["event"] == "start")
 
@@ -96,10 +80,10 @@ async def test_copies_of_a_completed_key_are_acked_without_a_claim(
     settings = consumer_settings(completed_cache_size=size)
     consumer = await start_consumer(settings, counted)
     await broker.publish(settings, BODY, key="done")
-    await until_settled(consumer, "processed", 1)
+    await consumer.until_settled("processed", 1)
     for _ in range(4):
         await broker.publish(settings, BODY, key="done")
-    await until_settled(consumer, "duplicate", 4)
+    await consumer.until_settled("duplicate", 4)
     await stop_clean(consumer, broker, settings)
 
     assert runs(ledger, "done") == 1
@@ -116,11 +100,11 @@ async def test_a_copy_with_another_body_is_still_dead_lettered(
 ) -> None:
     consumer = await start_consumer(settings, counted)
     await broker.publish(settings, BODY, key="reused")
-    await until_settled(consumer, "processed", 1)
+    await consumer.until_settled("processed", 1)
     await broker.publish(settings, {"n": 2}, key="reused")
-    await until_settled(consumer, "dead_lettered", 1, "payload-mismatch")
+    await consumer.until_settled("dead_lettered", 1, "payload-mismatch")
     await broker.publish(settings, BODY, key="reused")  # the original body: still known
-    await until_settled(consumer, "duplicate", 1)
+    await consumer.until_settled("duplicate", 1)
     await stop_clean(consumer, broker, settings)
 
     (letter,) = await broker.dead_letters(settings)
@@ -143,7 +127,7 @@ async def test_a_key_completed_elsewhere_is_learned_from_its_first_copy(
     consumer = await start_consumer(settings, counted)
     for copies in range(1, 4):
         await broker.publish(settings, BODY, key="elsewhere")
-        await until_settled(consumer, "duplicate", copies)
+        await consumer.until_settled("duplicate", copies)
     await stop_clean(consumer, broker, settings)
 
     assert runs(ledger, "elsewhere") == 0
@@ -161,13 +145,13 @@ async def test_a_failed_key_reset_for_a_replay_runs_again(
     body = {"permanent": "card declined"}
     consumer = await start_consumer(settings, counted)
     await broker.publish(settings, body, key="declined")
-    await until_settled(consumer, "dead_lettered", 1, "permanent-error")
+    await consumer.until_settled("dead_lettered", 1, "permanent-error")
     await broker.publish(settings, body, key="declined")  # a copy: the key failed for good
-    await until_settled(consumer, "duplicate", 1)
+    await consumer.until_settled("duplicate", 1)
     # What `semel dlq replay` does before publishing the dead letter again.
     assert await store.reset("declined")
     await broker.publish(settings, body, key="declined")
-    await until_settled(consumer, "dead_lettered", 2, "permanent-error")
+    await consumer.until_settled("dead_lettered", 2, "permanent-error")
     await stop_clean(consumer, broker, settings)
 
     assert runs(ledger, "declined") == 2  # run again after the reset, never a cached duplicate
@@ -194,15 +178,15 @@ async def test_a_claim_in_progress_is_never_learned(
     assert held.outcome is Outcome.CLAIMED
     consumer = await start_consumer(settings, counted)
     await broker.publish(settings, BODY, key="held")
-    await until_settled(consumer, "processed", 1)
+    await consumer.until_settled("processed", 1)
     await broker.publish(settings, BODY, key="held")
-    await until_settled(consumer, "duplicate", 1)
+    await consumer.until_settled("duplicate", 1)
     await stop_clean(consumer, broker, settings)
 
     assert runs(ledger, "held") == 1
-    assert settled(consumer, "conflict") >= 1  # parked while the dead worker's lease ran
+    assert consumer.settled("conflict") >= 1  # parked while the dead worker's lease ran
     record = await store.get("held")
     assert record is not None
     assert record.status is Status.COMPLETED
     # Claims: the parked ones, the one granted; the copy after completion asked nothing.
-    assert counted.claims["held"] == settled(consumer, "conflict") + 1
+    assert counted.claims["held"] == consumer.settled("conflict") + 1

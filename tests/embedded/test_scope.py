@@ -73,6 +73,10 @@ async def callback(semel: Semel, broker: Broker, settings: Settings) -> AsyncIte
         await connection.close()
 
 
+async def returned(broker: Broker, queue: str) -> bool:
+    return await broker.depth(queue) == 1
+
+
 def keys(callback: Callback) -> list[str]:
     return [entry["key"] for entry in callback.seen]
 
@@ -146,7 +150,7 @@ async def test_a_lost_lease_cancels_the_block(
     assert await broker.dead_letters(settings) == []
 
 
-@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+@each_store
 async def test_a_block_cut_short_by_the_application_releases_its_key(
     semel: Semel, broker: Broker, settings: Settings, store: Any
 ) -> None:
@@ -170,6 +174,8 @@ async def test_a_block_cut_short_by_the_application_releases_its_key(
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    # Handed back while the application's connection stays open.
+    await eventually(lambda: returned(broker, settings.queue), 10, "the message handed back")
     claim = await store.claim("cut", (await store.get("cut")).fingerprint)
     assert claim.outcome.value == "claimed"  # released, not held until its lease ran out
     await connection.close()

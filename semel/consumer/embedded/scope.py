@@ -95,6 +95,7 @@ class Scope:
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:  # stopped before the block began: cut it short
+            self._ended.cancel()  # as in __aexit__: the bridge must not cancel us back
             self._task.cancel()
             raise
         if self._started.done():
@@ -133,6 +134,10 @@ class Scope:
                 self._run.decision = await asyncio.shield(task)
                 return True
             # The application is stopping: the claim is released, the message handed back.
+            # ``ended`` cancelled first, so the bridge does not take the pipeline's
+            # cancellation for its own and cancel this task back, which would cut
+            # the release and the hand-back short.
+            ended.cancel()
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
