@@ -17,7 +17,7 @@ from bench.cases import FRONTS
 from bench.report import publish
 from bench.run import Plan, Runner
 
-FULL = {"messages": 50_000, "repeat": 3, "rss": 100_000, "latency_seconds": 10.0}
+FULL = {"messages": 50_000, "repeat": 3, "rss": 100_000, "latency_seconds": 30.0}
 QUICK = {"messages": 2_000, "repeat": 1, "rss": 1_000, "latency_seconds": 1.5}
 LATENCY_RATE = 200.0  # messages/s of the latency phase: a light load
 AGAINST_STORES = ("redis",)  # the stores another revision (--against) is measured with
