@@ -151,13 +151,15 @@ async def test_failures_retry_on_the_tiers_then_dead_letter_with_reasons(
     # retry's claim can outlast the store's deadline, and its copy then waits
     # in the conflict queue (held by semel's returner, where no queue depth
     # shows it) until the lease of that claim runs out.
+    def attempts() -> set[tuple[str, int]]:
+        return {(run["key"], run["attempt"]) for run in service.runs.seen}
+
     async def all_ran() -> bool:
-        return {(run["key"], run["attempt"]) for run in service.runs.seen} >= expected
+        return attempts() >= expected
 
     await eventually(all_ran, 20, "every attempt ran")
     await settled(broker, settings)
-    attempts = {(run["key"], run["attempt"]) for run in service.runs.seen}
-    assert attempts == expected
+    assert attempts() == expected
     letters = {
         letter.headers[H_KEY]: letter.headers for letter in await broker.dead_letters(settings)
     }
