@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import os
 import pwd
+import random
 import shutil
 import socket
 import subprocess
@@ -60,11 +61,45 @@ def wait_for_port(port: int, deadline: float, host: str = "127.0.0.1") -> None:
         time.sleep(0.1)
 
 
+# Where free_port looks: above the well-known services, below the kernel's
+# ephemeral range (read at import; Linux's default low end is 32768).
+PORTS_FROM = 15000
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with contextlib.closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+    """A port nothing is bound to, outside the kernel's ephemeral range.
+
+    A port the kernel picks for port 0 comes from the range it also gives every
+    outgoing connection: between our choosing it and a server binding it, one of
+    the suite's many client sockets could take it, and the server could not
+    start (seen once: a cluster node of the bench smoke test). Below that range
+    only another free_port competes, and a random pick among some 17,000 ports
+    makes that unlikely; a port is never handed out twice by one process.
+    """
+    low, high = PORTS_FROM, _ephemeral_low()
+    if high - low < 1000:  # an unusual range: fall back on the kernel's pick
+        low, high = high, 61000
+    for _ in range(200):
+        port = random.randrange(low, high)
+        if port in _handed_out:
+            continue
+        with contextlib.closing(socket.socket()) as sock:
+            try:
+                sock.bind(("", port))  # the wildcard conflicts with any address bound
+            except OSError:
+                continue
+        _handed_out.add(port)
         return port
+    raise RuntimeError(f"no free port between {low} and {high} after 200 tries")
 
 
 def ensure_service(name: str, deadline: float = 90.0) -> None:
