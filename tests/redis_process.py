@@ -58,8 +58,8 @@ class Server:
         end = time.monotonic() + 10.0
         while not port_open(self.port, HOST):
             if self.process.poll() is not None:  # say why at once rather than after 10 s
-                log = (self.workdir / "redis.log", self.workdir / "stdout.log")
-                tail = " | ".join(f.read_text()[-600:].strip() for f in log if f.exists())
+                logs = (self.workdir / "redis.log", self.workdir / "stdout.log")
+                tail = " | ".join(f.read_text()[-600:].strip() for f in logs if f.exists())
                 raise RuntimeError(f"redis-server on port {self.port} exited: {tail}")
             if time.monotonic() > end:
                 raise RuntimeError(f"nothing listens on {HOST}:{self.port} after 10s")
