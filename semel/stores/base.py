@@ -320,6 +320,10 @@ class DelegatingStore(Store):
         self.inner = inner
         self.backend = inner.backend
         self.result_limit = inner.result_limit
+        if type(self).encode_result is DelegatingStore.encode_result:
+            # The backend's own, bound here: a result is encoded on every completion,
+            # and through the consumer's wrappers it was a call per wrapper.
+            self.encode_result = inner.encode_result  # type: ignore[method-assign]
 
     def encode_result(self, result: JSON) -> bytes:
         return self.inner.encode_result(result)  # the backend may refuse more than size

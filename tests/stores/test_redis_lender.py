@@ -3,6 +3,7 @@ never one that was dropped, nor one idle past FRESH, and none beyond KEEP."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -76,3 +77,24 @@ async def test_no_more_than_keep_are_kept_and_close_returns_them(lender: Lender)
     assert checked_out(lender) == redis_lender.KEEP
     await lender.close()
     assert checked_out(lender) == 0
+
+
+async def test_a_connection_given_back_goes_to_a_caller_waiting_in_the_pool(
+    redis_server: str,
+) -> None:
+    # One connection in all: the second caller waits in the pool while the first
+    # has it. Kept by the lender, it would never reach that caller, who would
+    # wait out the pool's timeout and find the store away.
+    lender = Lender(server_pool(redis_server, 1))
+    try:
+        first = await lender.get_connection()
+        second = asyncio.create_task(lender.get_connection())
+        await asyncio.sleep(0)  # let it start waiting in the pool
+        await asyncio.wait({second}, timeout=0.05)
+        assert not second.done()
+        await lender.release(first)
+        conn = await asyncio.wait_for(second, 1.0)
+        await lender.release(conn)
+        assert await send(lender, [PING]) == [b"PONG"]
+    finally:
+        await lender.close()
