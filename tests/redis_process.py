@@ -18,7 +18,7 @@ from typing import TypeVar
 from redis import Redis
 from redis.exceptions import RedisError
 
-from tests.servers import free_port, port_open
+from tests.servers import ServerExited, free_port, wait_for_port
 
 HOST = "127.0.0.1"
 DEADLINE = 30.0  # seconds any awaited topology change may take
@@ -55,15 +55,12 @@ class Server:
             self.process = subprocess.Popen(
                 ["redis-server", *self.options, *once], cwd=self.workdir, stdout=log, stderr=log
             )
-        end = time.monotonic() + 10.0
-        while not port_open(self.port, HOST):
-            if self.process.poll() is not None:  # say why at once rather than after 10 s
-                logs = (self.workdir / "redis.log", self.workdir / "stdout.log")
-                tail = " | ".join(f.read_text()[-600:].strip() for f in logs if f.exists())
-                raise RuntimeError(f"redis-server on port {self.port} exited: {tail}")
-            if time.monotonic() > end:
-                raise RuntimeError(f"nothing listens on {HOST}:{self.port} after 10s")
-            time.sleep(0.05)
+        try:
+            wait_for_port(self.port, 10.0, HOST, self.process)
+        except ServerExited as exc:  # say why: its log names the port it could not bind
+            logs = (self.workdir / "redis.log", self.workdir / "stdout.log")
+            tail = " | ".join(f.read_text()[-600:].strip() for f in logs if f.exists())
+            raise ServerExited(f"{exc}: {tail}") from None
         return self
 
     @property

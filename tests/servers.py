@@ -53,26 +53,40 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-def wait_for_port(port: int, deadline: float, host: str = "127.0.0.1") -> None:
+class ServerExited(RuntimeError):
+    """The process that was to listen on the port ended before it did."""
+
+
+def wait_for_port(
+    port: int,
+    deadline: float,
+    host: str = "127.0.0.1",
+    process: subprocess.Popen[bytes] | None = None,
+) -> None:
+    """Until something listens on ``port``; with ``process``, fail as soon as it ends
+    (a port it could not bind) rather than after ``deadline``."""
     end = time.monotonic() + deadline
     while not port_open(port, host):
+        if process is not None and process.poll() is not None:
+            raise ServerExited(f"the server for {host}:{port} exited ({process.returncode})")
         if time.monotonic() > end:
             raise RuntimeError(f"nothing listens on {host}:{port} after {deadline:g}s")
-        time.sleep(0.1)
+        time.sleep(0.05)
 
 
 # Where free_port looks: above the well-known services, below the kernel's
-# ephemeral range (read at import; Linux's default low end is 32768).
+# ephemeral range (Linux's default is 32768-60999).
 PORTS_FROM = 15000
 _handed_out: set[int] = set()
 
 
-def _ephemeral_low() -> int:
+def _ephemeral_range() -> tuple[int, int]:
     try:
         text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
-        return int(text.split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
+        low, high = (int(part) for part in text.split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def free_port() -> int:
@@ -85,9 +99,10 @@ def free_port() -> int:
     only another free_port competes, and a random pick among some 17,000 ports
     makes that unlikely; a port is never handed out twice by one process.
     """
-    low, high = PORTS_FROM, _ephemeral_low()
-    if high - low < 1000:  # an unusual range: fall back on the kernel's pick
-        low, high = high, 61000
+    ephemeral_low, ephemeral_high = _ephemeral_range()
+    low, high = PORTS_FROM, ephemeral_low
+    if high - low < 1000:  # an unusual range that starts low: above it, or within it
+        low, high = (ephemeral_high + 1, 65536) if ephemeral_high < 64535 else (1024, 65536)
     for _ in range(200):
         port = random.randrange(low, high)
         if port in _handed_out:
@@ -151,7 +166,7 @@ def _child(argv: list[str], port: int, log_name: str) -> Iterator[str]:
     with (CACHE / log_name).open("wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=CACHE)
     try:
-        wait_for_port(port, 60.0)
+        wait_for_port(port, 60.0, process=proc)
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()

@@ -89,8 +89,7 @@ async def test_a_connection_given_back_goes_to_a_caller_waiting_in_the_pool(
     try:
         first = await lender.get_connection()
         second = asyncio.create_task(lender.get_connection())
-        await asyncio.sleep(0)  # let it start waiting in the pool
-        await asyncio.wait({second}, timeout=0.05)
+        await asyncio.wait({second}, timeout=0.05)  # it waits in the pool meanwhile
         assert not second.done()
         await lender.release(first)
         conn = await asyncio.wait_for(second, 1.0)

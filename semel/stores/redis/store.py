@@ -53,7 +53,6 @@ class RedisStore(RedisScripts):
         self._client = client
         self._pool = client.connection_pool
         self._sentinels: BlockingSentinelPool | None = None
-        self._lender: Lender | None = None
         self._source: Source
         if isinstance(self._pool, BlockingSentinelPool):
             self._sentinels = self._pool
@@ -65,7 +64,7 @@ class RedisStore(RedisScripts):
         else:
             # A batch's connection kept for the next batch, as a Cluster node's: the
             # pool's checkout and give-back were a quarter of the client's CPU per trip.
-            self._source = self._lender = Lender(self._pool)
+            self._source = Lender(self._pool)
 
     async def _run(self, script: Script, calls: Sequence[Call], *, write: bool = True) -> list[Any]:
         (replies,) = await self._waited(
@@ -94,8 +93,8 @@ class RedisStore(RedisScripts):
 
     async def close(self) -> None:
         if self._sentinels is None:
-            if self._lender is not None:
-                await self._lender.give_back()
+            if isinstance(self._source, Lender):
+                await self._source.give_back()
             await self._client.aclose()
             return
         await self._sentinels.stop()
